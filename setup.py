@@ -1,0 +1,43 @@
+"""sgs-jax: Self-Guided Self-Play for formal theorem proving, in JAX."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="sgs-jax",
+    version="0.1.0",
+    description="Self-Guided Self-Play (SGS) for Lean 4 theorem proving, in JAX/Flax NNX",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["sgs_jax", "sgs_jax.*", "configs", "configs.*"]),
+    include_package_data=True,
+    package_data={"sgs_jax": ["**/*.json", "**/*.txt", "**/*.md", "**/*.jsonl", "**/*.gz"]},
+    # Known-good ranges: jax, flax, orbax and transformers move fast and break each other.
+    install_requires=[
+        "jax>=0.7,<0.11",
+        "flax>=0.12,<0.13",
+        "optax>=0.2.5,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "transformers>=4.50,<6",
+        "tokenizers>=0.21,<0.24",
+        "safetensors>=0.4",
+        "numpy>=1.26",
+        "scipy>=1.11",
+        "tensorboard>=2.15",
+        "ml-collections>=0.1.1",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        # PyTorch is only the reference in parity tests and benchmarks; pinned to its CPU build.
+        "test": ["pytest>=8", "torch==2.13.0"],
+    },
+    entry_points={
+        "console_scripts": [
+            "sgs-train=sgs_jax.cli.train:main",
+            "sgs-generate=sgs_jax.cli.generate:main",
+            "sgs-verify=sgs_jax.cli.verify:main",
+            "sgs-report=sgs_jax.cli.report:main",
+            "sgs-plan=sgs_jax.cli.plan:main",
+        ]
+    },
+)

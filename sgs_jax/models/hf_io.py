@@ -1,0 +1,255 @@
+"""Hugging Face checkpoint import (`load_hf`) and export (`save_hf`).
+
+Loading streams tensor by tensor: each safetensors tensor is memory-mapped, converted to
+our layout on the host and placed straight into its shards with
+`jax.make_array_from_callback`, so a 7B model never needs two full host copies. Saving
+writes `config.json` and sharded safetensors that `transformers` loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from sgs_jax.models import safetensors_io
+from sgs_jax.models.build import abstract_model
+from sgs_jax.models.config import ModelConfig
+from sgs_jax.models.llama import Llama
+from sgs_jax.parallel.rules import path_names, state_shardings
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
+# HF module inside a layer -> our (module path, parameter)
+_LAYER_PARAMS = {
+    "input_layernorm": ("attn_norm", "scale"),
+    "post_attention_layernorm": ("mlp_norm", "scale"),
+    "self_attn.q_proj": ("attn", "q_proj", "kernel"),
+    "self_attn.k_proj": ("attn", "k_proj", "kernel"),
+    "self_attn.v_proj": ("attn", "v_proj", "kernel"),
+    "self_attn.o_proj": ("attn", "o_proj", "kernel"),
+    "mlp.gate_proj": ("mlp", "gate_proj", "kernel"),
+    "mlp.up_proj": ("mlp", "up_proj", "kernel"),
+    "mlp.down_proj": ("mlp", "down_proj", "kernel"),
+}
+_TOP_PARAMS = {
+    "model.embed_tokens.weight": ("embed", "embedding"),
+    "model.norm.weight": ("final_norm", "scale"),
+    "lm_head.weight": ("lm_head", "kernel"),
+}
+_IGNORED = re.compile(r"rotary_emb\.inv_freq$")  # buffers some older checkpoints saved
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing files, has unexpected tensors or wrong shapes."""
+
+
+def hf_name_to_path(name: str) -> tuple[str, ...] | None:
+    """Our parameter path for a Hugging Face tensor name (None for ignored buffers)."""
+    if _IGNORED.search(name):
+        return None
+    if name in _TOP_PARAMS:
+        return _TOP_PARAMS[name]
+    match = _LAYER.match(name)
+    if match and match.group(2) in _LAYER_PARAMS:
+        return ("layers", match.group(1), *_LAYER_PARAMS[match.group(2)])
+    raise CheckpointError(f"unexpected tensor {name!r} in a Llama checkpoint")
+
+
+def path_to_hf_name(path: tuple[str, ...]) -> str:
+    for name, ours in _TOP_PARAMS.items():
+        if path == ours:
+            return name
+    inverse = {v: k for k, v in _LAYER_PARAMS.items()}
+    return f"model.layers.{path[1]}.{inverse[tuple(path[2:])]}.weight"
+
+
+def to_our_layout(path: tuple[str, ...], hf_array: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """Convert one HF tensor (torch Linear layout [out, in]) to ours."""
+    c, module = config, path[-2]
+    if module in ("q_proj", "k_proj", "v_proj"):
+        heads = c.num_heads if module == "q_proj" else c.num_kv_heads
+        return hf_array.T.reshape(c.hidden_size, heads, c.head_dim)
+    if module == "o_proj":
+        return hf_array.T.reshape(c.num_heads, c.head_dim, c.hidden_size)
+    if module in ("gate_proj", "up_proj", "down_proj", "lm_head"):
+        return hf_array.T
+    return hf_array
+
+
+def to_hf_layout(path: tuple[str, ...], array: np.ndarray) -> np.ndarray:
+    """Inverse of `to_our_layout`."""
+    module = path[-2]
+    if module in ("q_proj", "k_proj", "v_proj"):
+        return array.reshape(array.shape[0], -1).T
+    if module == "o_proj":
+        return array.reshape(-1, array.shape[-1]).T
+    if module in ("gate_proj", "up_proj", "down_proj", "lm_head"):
+        return array.T
+    return array
+
+
+def hf_shape(path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape in the HF layout of our parameter of `shape` (no array is built)."""
+    module = path[-2]
+    if module in ("q_proj", "k_proj", "v_proj"):
+        return (shape[1] * shape[2], shape[0])
+    if module == "o_proj":
+        return (shape[2], shape[0] * shape[1])
+    if module in ("gate_proj", "up_proj", "down_proj", "lm_head"):
+        return tuple(reversed(shape))
+    return tuple(shape)
+
+
+def _resolve_checkpoint_dir(path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return path
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
+        from huggingface_hub import snapshot_download  # only for hub ids
+
+        return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
+    raise CheckpointError(f"checkpoint directory {path!r} does not exist")
+
+
+def checkpoint_files(directory: str) -> list[str]:
+    """The safetensors files of a checkpoint directory (sharded index or single file)."""
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+    elif os.path.exists(os.path.join(directory, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        found = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        if not found:
+            raise CheckpointError(
+                f"no safetensors weights in {directory}; convert .bin checkpoints with "
+                "transformers' save_pretrained(safe_serialization=True) first"
+            )
+        files = found
+    paths = [os.path.join(directory, f) for f in files]
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise CheckpointError(f"checkpoint index names missing files: {missing}")
+    return paths
+
+
+def load_hf(
+    path: str | os.PathLike,
+    dtype: Any = jnp.float32,
+    mesh: Mesh | None = None,
+    rules=None,
+    param_dtype: Any = None,
+    remat_policy: str = "none",
+) -> Llama:
+    """Load a Hugging Face Llama checkpoint directory (or hub id where reachable).
+
+    dtype: compute dtype; param_dtype: stored dtype (default: same as dtype).
+    With `mesh`, parameters land directly in their shards by the logical-axis rules.
+    Returns a `Llama` whose `model(input_ids [B, T] int32)` gives logits [B, T, vocab].
+    """
+    directory = _resolve_checkpoint_dir(path)
+    dtype_name = jnp.dtype(dtype).name
+    param_name = jnp.dtype(param_dtype or dtype).name
+    config = ModelConfig.from_hf_file(directory, dtype=dtype_name, param_dtype=param_name, remat_policy=remat_policy)
+    graphdef, abstract_state = abstract_model(config)
+    if mesh is None:
+        device = jax.local_devices()[0]
+        mesh = Mesh(np.asarray([device]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+    shardings = state_shardings(abstract_state, mesh, rules)
+
+    flat_abstract = {path_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(abstract_state)}
+    flat_shardings = {path_names(p): s for p, s in jax.tree_util.tree_leaves_with_path(shardings)}
+    loaded: dict[tuple[str, ...], jax.Array] = {}
+    for file in checkpoint_files(directory):
+        for name, hf_array in safetensors_io.iter_tensors(file):
+            ours = hf_name_to_path(name)
+            if ours is None or (ours == ("lm_head", "kernel") and config.tie_word_embeddings):
+                continue
+            if ours not in flat_abstract:
+                raise CheckpointError(f"tensor {name} does not fit the config (no parameter {'/'.join(ours)})")
+            target = flat_abstract[ours]
+            if tuple(hf_array.shape) != hf_shape(ours, target.shape):
+                raise CheckpointError(f"tensor {name}: shape {hf_array.shape} does not match the config (expected {target.shape} in our layout)")
+            host = np.asarray(to_our_layout(ours, hf_array, config)).astype(target.dtype)
+            loaded[ours] = jax.make_array_from_callback(target.shape, flat_shardings[ours], lambda idx, h=host: h[idx])
+    missing = sorted("/".join(p) for p in flat_abstract if p not in loaded)
+    if missing:
+        raise CheckpointError(f"checkpoint {directory} lacks parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+
+    state = jax.tree_util.tree_map_with_path(lambda p, _: loaded[path_names(p)], abstract_state)
+    return nnx.merge(graphdef, state)
+
+
+def save_hf(model: Llama, path: str | os.PathLike, max_shard_bytes: int = 4 << 30, tokenizer=None) -> None:
+    """Write `model` as a Hugging Face checkpoint (config.json + safetensors, sharded with an
+    index when larger than `max_shard_bytes`) that `AutoModelForCausalLM.from_pretrained`
+    loads. Parameters are gathered one tensor at a time; on multi-host runs every process
+    must call this, and process 0 writes. `tokenizer` (a transformers tokenizer) is saved
+    alongside when given."""
+    path = os.fspath(path)
+    is_writer = jax.process_index() == 0
+    if is_writer:
+        os.makedirs(path, exist_ok=True)
+    config = model.config
+    state = nnx.state(model, nnx.Param)
+    params = {path_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(state)}
+    specs = []
+    for ours, leaf in params.items():
+        specs.append((path_to_hf_name(ours), ours, hf_shape(ours, leaf.shape), np.dtype(leaf.dtype)))
+
+    shards: list[list] = [[]]
+    size = 0
+    for spec in specs:
+        nbytes = int(np.prod(spec[2])) * spec[3].itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += nbytes
+    by_name = {name: ours for name, ours, _, _ in specs}
+
+    def fetch(name: str) -> np.ndarray:
+        ours = by_name[name]
+        return to_hf_layout(ours, _gather(params[ours]))
+
+    weight_map = {}
+    names = ["model.safetensors"] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
+    ]
+    for file_name, shard in zip(names, shards):
+        shard_specs = [(name, shape, dtype) for name, _, shape, dtype in shard]
+        if is_writer:
+            safetensors_io.write_file(os.path.join(path, file_name), shard_specs, fetch)
+        else:  # other hosts still take part in the gathers
+            for name, _, _ in shard_specs:
+                fetch(name)
+        weight_map.update({name: file_name for name, _, _ in shard_specs})
+    if not is_writer:
+        return
+    if len(shards) > 1:
+        total = sum(int(np.prod(s[2])) * s[3].itemsize for s in specs)
+        with open(os.path.join(path, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config.to_hf_dict(), f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+
+
+def _gather(array: jax.Array) -> np.ndarray:
+    """The full value of a (possibly sharded, possibly multi-host) array on this host."""
+    if jax.process_count() > 1 and not array.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    return np.asarray(jax.device_get(array))
+

@@ -1,0 +1,1 @@
+"""Run reports: figures, the summary table, and their assembly (build_report)."""

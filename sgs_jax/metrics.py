@@ -1,0 +1,160 @@
+"""The run's metrics writer: TensorBoard event files plus a JSONL copy, and the canonical
+metric names that the training loop writes and `sgs-report` reads.
+
+Each write goes to both sinks and is flushed (and the JSONL line fsync'd) before the
+call returns, so a preempted run loses at most the write in progress. A resumed run
+appends: `metrics.jsonl` is opened for appending and TensorBoard gets a new event file
+in the same folder. Readers resolve a step written twice (before and after a resume)
+by keeping the later write.
+
+JSONL lines: {"step": int, "time": unix seconds, "scalars": {name: float}} or
+{"step": int, "time": unix seconds, "histogram": name, "values": [float, ...]}.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import pathlib
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+# --- Canonical metric names (SPEC Section 9). Scalars unless marked histogram. ---
+GENERATIONS = "generations"  # cumulative generation count (SPEC 4.10)
+CUMULATIVE_SOLVE_RATE = "cumulative_solve_rate"  # solved targets / |D|, in [0, 1]
+ITERATION_SOLVE_RATE = "iteration_solve_rate"  # targets solved (pass@k) this iteration / |D|
+TOKENS_GENERATED = "tokens_generated"  # cumulative generated tokens
+CONJECTURE_DISJUNCTIVE_FRACTION = "conjectures/disjunctive_fraction"
+CONJECTURE_MEAN_CONCLUSION_LENGTH = "conjectures/mean_conclusion_length"  # characters
+CONJECTURE_MEAN_CLAUSES = "conjectures/mean_clauses"
+CONJECTURE_MALFORMED = "conjectures/malformed"  # count this iteration
+CONJECTURE_KEPT = "conjectures/kept"  # count kept for Conjecturer training
+TARGET_DISJUNCTIVE_FRACTION = "targets/disjunctive_fraction"  # baseline of the target set
+TARGET_MEAN_CONCLUSION_LENGTH = "targets/mean_conclusion_length"  # characters
+SYNTHETIC_SOLVE_RATE = "synthetic_solve_rate"  # histogram of conjectures' solve rates
+SOLVER_ENTROPY = "solver/entropy"  # mean per-token entropy of Solver samples, nats
+SOLVER_SAMPLES_TARGETS = "solver/train_samples_targets"
+SOLVER_SAMPLES_CONJECTURES = "solver/train_samples_conjectures"
+SOLVER_LOSS = "solver/loss"
+CONJECTURER_LOSS = "conjecturer/loss"
+CISPO_CLIP_FRACTION = "cispo/clip_fraction"  # fraction of tokens whose ratio was clipped
+CISPO_MEAN_WEIGHT = "cispo/mean_weight"
+GUIDE_PARSE_FAILURES = "guide/parse_failures"  # count this iteration
+GUIDE_RELEVANCE = "guide/relevance"  # mean sub-scores over parsed outputs
+GUIDE_REDUNDANCY = "guide/redundancy"
+GUIDE_CONCLUSION_COMPLEXITY = "guide/conclusion_complexity"
+VERIFY_SYSTEM_ERROR_RATE = "verify/system_error_rate"  # system errors / verifications
+VERIFY_TIMEOUTS = "verify/timeouts"  # count this iteration
+VERIFY_SECONDS = "verify/seconds"  # wall-clock seconds spent verifying this iteration
+GENERATIONS_PER_SECOND = "throughput/generations_per_second"
+
+JSONL_NAME = "metrics.jsonl"
+EXACT_HISTOGRAM_MAX_DISTINCT = 64  # up to this many distinct values, one bucket each
+HISTOGRAM_BINS = 30  # otherwise, equal-width bins
+
+
+def histogram_buckets(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """TensorBoard-style buckets of 1-D finite values: (upper limits [m], counts [m]).
+
+    Bucket i holds values in (limits[i-1], limits[i]] (the first from the minimum).
+    With at most EXACT_HISTOGRAM_MAX_DISTINCT distinct values (solve rates k/8, say)
+    each distinct value is its own bucket, so the histogram is exact; otherwise
+    HISTOGRAM_BINS equal-width bins over [min, max]. Empty input gives empty arrays.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size == 0:
+        return np.zeros(0), np.zeros(0)
+    distinct, counts = np.unique(v, return_counts=True)
+    if distinct.size <= EXACT_HISTOGRAM_MAX_DISTINCT:
+        return distinct, counts.astype(np.float64)
+    limits = np.linspace(v.min(), v.max(), HISTOGRAM_BINS + 1)[1:]
+    # First limit >= value: the (lower, upper] rule; the minimum joins the first bucket.
+    bucket = np.minimum(np.searchsorted(limits, v, side="left"), limits.size - 1)
+    return limits, np.bincount(bucket, minlength=limits.size).astype(np.float64)
+
+
+def _checked_step(step) -> int:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    return int(step)
+
+
+class MetricsWriter:
+    """Writes scalars and histograms of one run to `run_dir` (TensorBoard + JSONL).
+
+    Usage: `w = MetricsWriter(run_dir); w.write_scalars(step, {...}); w.close()`, or as
+    a context manager. Invalid input raises ValueError before anything is written.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = pathlib.Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(self.run_dir / JSONL_NAME, "a", encoding="utf-8")
+        self._events = EventFileWriter(str(self.run_dir))
+        self._closed = False
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Record named scalar values (any real numbers; NaN/inf are kept) at `step`."""
+        step = _checked_step(step)
+        if not isinstance(scalars, Mapping) or not scalars:
+            raise ValueError("scalars must be a non-empty mapping of name to number")
+        clean = {}
+        for name, value in scalars.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"metric names must be non-empty strings, got {name!r}")
+            if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.generic)) or np.ndim(value):
+                raise ValueError(f"metric {name!r} must be a real number, got {value!r}")
+            clean[name] = float(value)
+        now = time.time()
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in clean.items()])
+        self._write({"step": step, "time": now, "scalars": clean},
+                    event_pb2.Event(wall_time=now, step=step, summary=summary))
+
+    def write_histogram(self, step: int, name: str, values: Sequence[float] | np.ndarray) -> None:
+        """Record the distribution of `values` (1-D, finite; may be empty) at `step`."""
+        step = _checked_step(step)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"histogram name must be a non-empty string, got {name!r}")
+        try:
+            v = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"histogram {name!r} values must be numbers: {err}") from err
+        if v.ndim != 1 or not np.all(np.isfinite(v)):
+            raise ValueError(f"histogram {name!r} values must be a finite 1-D sequence")
+        limits, counts = histogram_buckets(v)
+        now = time.time()
+        histo = summary_pb2.HistogramProto(
+            min=float(v.min()) if v.size else 0.0, max=float(v.max()) if v.size else 0.0,
+            num=float(v.size), sum=float(v.sum()), sum_squares=float(np.dot(v, v)),
+            bucket_limit=limits.tolist(), bucket=counts.tolist())
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=name, histo=histo)])
+        self._write({"step": step, "time": now, "histogram": name, "values": v.tolist()},
+                    event_pb2.Event(wall_time=now, step=step, summary=summary))
+
+    def _write(self, record: dict, event) -> None:
+        if self._closed:
+            raise ValueError("MetricsWriter is closed")
+        self._jsonl.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._jsonl.flush()
+        os.fsync(self._jsonl.fileno())  # a preempted run keeps every completed write
+        self._events.add_event(event)
+        self._events.flush()
+
+    def close(self) -> None:
+        """Flush and close both sinks; calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._jsonl.close()
+        self._events.close()

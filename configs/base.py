@@ -1,0 +1,104 @@
+"""Defaults of every setting; experiment files override a few and add presets.
+
+Each field has a one-line meaning. Presets:
+  testbed  the embedded propositional domain, tiny models, CPU, minutes (the README's main job)
+  paper    DeepSeek-Prover-V2-7B on D3k with the Lean backend, the paper's constants
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    c = ConfigDict()
+    c.experiment = "sgs"  # name written to logs
+
+    c.run = ConfigDict()
+    c.run.workdir = "runs/sgs"  # logs, resolved config, checkpoints and state go here
+    c.run.seed = 0  # master seed: sampling keys, shuffles
+    c.run.iterations = 500  # SGS iterations (Algorithm 1 steps)
+    c.run.checkpoint_every = 1  # save model and loop state every N iterations (resume point)
+    c.run.keep_checkpoints = 2  # checkpoints kept on disk
+    c.run.log_examples = 4  # sample conjectures/proofs written to the log per iteration
+
+    c.targets = ConfigDict()
+    c.targets.source = "testbed"  # testbed | file | hub
+    c.targets.path = ""  # D3k-format JSON when source=file
+    c.targets.hub_id = "LukeBailey181Pub/D_3k"  # dataset when source=hub
+    c.targets.limit = 0  # use only the first N targets (0 = all)
+    c.targets.max_proofs = 16  # verified proofs kept per target
+
+    c.model = ConfigDict()
+    c.model.checkpoint = ""  # HF checkpoint dir/hub id of the base prover ("" = testbed model)
+    c.model.guide_checkpoint = ""  # HF checkpoint of a ready Guide ("" = fine-tune one from the base)
+    c.model.testbed_size = "micro"  # testbed model size (sgs_jax.testbed.model_configs) when checkpoint=""
+    c.model.dtype = "float32"  # compute dtype
+    c.model.param_dtype = "float32"  # stored parameter dtype
+    c.model.remat_policy = "none"  # none | full | dots (per-layer rematerialisation in training)
+    c.model.parameter_sharing = False  # Solver and Conjecturer share one set of weights
+
+    c.mesh = ConfigDict()
+    c.mesh.data = 1  # data-parallel axis size
+    c.mesh.fsdp = -1  # FSDP axis size (-1 = all remaining devices)
+    c.mesh.tensor = 1  # tensor-parallel axis size
+
+    c.sampling = ConfigDict()
+    c.sampling.temperature = 1.0  # all roles (SPEC Section 2)
+    c.sampling.top_p = 1.0  # nucleus threshold (1.0 = off)
+    c.sampling.top_k = 0  # 0 = off
+    c.sampling.solver_max_total_len = 8192  # Solver prompt + generation cap, tokens
+    c.sampling.conjecturer_max_new_tokens = 8192  # Conjecturer generation cap
+    c.sampling.guide_max_new_tokens = 8192  # Guide generation cap
+    c.sampling.max_batch = 256  # concurrent sequences (slots) in the sampler
+
+    c.sgs = ConfigDict()
+    c.sgs.use_conjecturer = True  # False = Solver-only RL baselines
+    c.sgs.train_conjecturer = True  # False = frozen base Conjecturer
+    c.sgs.condition_on_target = True  # False = No Problem Conditioning ablation
+    c.sgs.use_guide = True  # False = R_guide = 1 (No Guide)
+    c.sgs.conjectures_per_target = 1  # Conjecturer samples per unsolved target
+    c.sgs.proofs_per_problem = 8  # k Solver samples per target and conjecture
+    c.sgs.keep_quantile = 0.7  # conjectures with solve rate above this quantile get nothing (p70)
+    c.sgs.solver_objective = "reinforce_half"  # reinforce_half | cispo | expert_iteration
+    c.sgs.token_aware_try = False  # False = plain substring `try` ban (official); True = token-aware
+    c.sgs.ei_buffer_iterations = 3  # Expert Iteration: iterations of proofs kept in the buffer
+
+    c.solver_train = _optimizer_defaults(lr=3e-6, batch_size=32)  # Solver optimiser
+    c.conjecturer_train = _optimizer_defaults(lr=3e-6, batch_size=32)  # Conjecturer optimiser
+    c.cispo = ConfigDict()
+    c.cispo.eps_low = 1.0  # importance weight clipped below at 1 - eps_low
+    c.cispo.eps_high = 3.0  # and above at 1 + eps_high
+    c.cispo.normalization = "batch_tokens"  # batch_tokens (paper) | group_tokens (official code)
+
+    c.verify = ConfigDict()
+    c.verify.backend = "prop"  # prop (testbed) | lean (local REPL pool) | remote (Kimina server)
+    c.verify.options = ConfigDict()  # backend keyword options (workers, timeout_s, repl_cmd, url, ...)
+    c.verify.cache = True  # persist verdicts with the run; a resumed run keeps them
+
+    c.warmstart = ConfigDict()  # supervised start of the testbed models (real runs start from the prover)
+    c.warmstart.enabled = False  # run the warm start before iteration 0
+    c.warmstart.examples = 2000  # generated examples per role
+    c.warmstart.epochs = 2  # passes over them
+    c.warmstart.lr = 1e-3  # Adam learning rate
+    c.warmstart.batch_size = 32  # sequences per step
+
+    c.guide = ConfigDict()
+    c.guide.sft_data = ""  # JSONL of (prompt, completion) rubric replies for Guide fine-tuning
+    c.guide.sft_epochs = 2  # passes over it
+    c.guide.sft_lr = 1e-5  # learning rate
+    return c
+
+
+def _optimizer_defaults(lr: float, batch_size: int) -> ConfigDict:
+    o = ConfigDict()
+    o.lr = lr  # constant learning rate
+    o.batch_size = batch_size  # sequences per optimiser step
+    o.micro_batch_size = 8  # sequences per micro-batch (gradient accumulation)
+    o.b1 = 0.9  # Adam beta1
+    o.b2 = 0.95  # Adam beta2
+    o.eps = 1e-8  # Adam epsilon
+    o.clip_norm = 1.0  # global gradient-norm clip
+    o.weight_decay = 0.0  # none in the paper
+    o.reset_optimizer = True  # fresh optimiser state every iteration
+    o.normalization = "batch_tokens"  # batch_tokens (official code) | sequence (paper Eq. 4)
+    o.epochs = 1  # passes over the iteration's data
+    return o

@@ -1,0 +1,152 @@
+"""Solver and Conjecturer losses (SPEC Sections 4.9 and 5) as pure jnp functions.
+
+Every loss is a function of per-token log-probabilities `logprobs` [batch, tokens] of the
+generated tokens under the model being trained, a `mask` [batch, tokens] (1 on generated
+tokens, 0 on prompt and padding) and a per-sequence weight or advantage [batch]. Each
+returns `(loss, metrics)`; all are jit-able (with `normalization` static) and
+differentiable w.r.t. `logprobs`. Values at masked positions are never read, so padding
+may hold anything, -inf or NaN included.
+
+Normalisations (the factor each sequence's token sum is multiplied by):
+- "batch_tokens" (default, the official code): 1 / (masked tokens in the batch).
+- "sequence" (the paper's Eq. 4): 1 / (|y_i| * number of non-empty sequences).
+- "group_tokens" (official CISPO): 1 / (tokens of the sequence's group * number of
+  non-empty groups); needs `group_ids` [batch].
+With micro-batching, compute `sequence_scale` once on the whole optimiser batch and pass
+each micro-batch its slice as `scale`: the micro-batch losses then sum to the full loss.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NORMALIZATIONS = ("batch_tokens", "sequence", "group_tokens")
+
+
+def sequence_scale(
+    mask: jax.Array,
+    normalization: str = "batch_tokens",
+    group_ids: jax.Array | None = None,
+    dtype=jnp.float32,
+) -> jax.Array:
+    """Per-sequence normaliser [batch] in `dtype` (see the module docstring). Empty
+    denominators count as 1, so an all-masked batch gives a zero loss, never NaN.
+
+    mask: [batch, tokens], bool or 0/1. group_ids: [batch] integers, any values
+    (sequences with equal ids form a group); required for "group_tokens" only.
+    """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}")
+    if (group_ids is None) == (normalization == "group_tokens"):
+        raise ValueError("group_ids is required for 'group_tokens' and only for it")
+    tokens = jnp.sum(mask > 0, axis=-1).astype(dtype)  # [batch]
+    nonempty = (tokens > 0).astype(dtype)
+    if normalization == "batch_tokens":
+        return jnp.full(tokens.shape, 1.0 / jnp.maximum(jnp.sum(tokens), 1.0))
+    if normalization == "sequence":
+        return 1.0 / (jnp.maximum(tokens, 1.0) * jnp.maximum(jnp.sum(nonempty), 1.0))
+    # [batch, batch] membership instead of segment sums: any id values, and batch is small.
+    # Elementwise sums, not matmuls, so that accelerators cannot round the counts.
+    group_ids = jnp.asarray(group_ids)
+    same_group = (group_ids[:, None] == group_ids[None, :]).astype(dtype)
+    group_tokens = jnp.sum(same_group * tokens[None, :], axis=1)
+    group_sequences = jnp.sum(same_group * nonempty[None, :], axis=1)
+    # Each non-empty sequence adds 1 / (non-empty sequences of its group): sums to #groups.
+    num_groups = jnp.sum(nonempty / jnp.maximum(group_sequences, 1.0))
+    return 1.0 / (jnp.maximum(group_tokens, 1.0) * jnp.maximum(num_groups, 1.0))
+
+
+def _prepare(logprobs, mask, per_sequence, normalization, group_ids, scale):
+    dtype = jnp.promote_types(logprobs.dtype, jnp.float32)
+    valid = mask > 0
+    lp = jnp.where(valid, logprobs.astype(dtype), 0.0)
+    if scale is None:
+        scale = sequence_scale(mask, normalization, group_ids, dtype)
+    return lp, valid, valid.astype(dtype), jnp.asarray(per_sequence, dtype), jnp.asarray(scale, dtype)
+
+
+def reinforce_half_loss(
+    logprobs: jax.Array,
+    mask: jax.Array,
+    weights: jax.Array,
+    normalization: str = "batch_tokens",
+    group_ids: jax.Array | None = None,
+    scale: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """REINFORCE½ (SPEC Section 5): the weighted NLL of generated tokens,
+    -sum_i scale_i * w_i * sum_t mask_it * logprobs_it. Also the Conjecturer's loss.
+
+    logprobs, mask: [batch, tokens]; weights: [batch] (from
+    `sgs_jax.sgs.rewards`: 1, 0 for `try`, the length penalty, or the Conjecturer
+    reward); scale: optional [batch] override of `sequence_scale`. Metrics:
+    token_count, sequence_count, mean_weight (over non-empty sequences),
+    nll_per_token (unweighted, nats).
+    """
+    lp, valid, m, w, scale = _prepare(logprobs, mask, weights, normalization, group_ids, scale)
+    token_sums = jnp.sum(lp, axis=-1)  # [batch]; masked entries are already 0
+    loss = -jnp.sum(scale * w * token_sums)
+    tokens = jnp.sum(m)
+    nonempty = jnp.any(valid, axis=-1).astype(m.dtype)
+    sequences = jnp.sum(nonempty)
+    metrics = {
+        "token_count": tokens,
+        "sequence_count": sequences,
+        "mean_weight": jnp.sum(w * nonempty) / jnp.maximum(sequences, 1.0),
+        "nll_per_token": -jnp.sum(token_sums) / jnp.maximum(tokens, 1.0),
+    }
+    return loss, jax.lax.stop_gradient(metrics)
+
+
+def expert_iteration_loss(
+    logprobs: jax.Array,
+    mask: jax.Array,
+    weights: jax.Array | None = None,
+    normalization: str = "batch_tokens",
+    group_ids: jax.Array | None = None,
+    scale: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Expert Iteration (SPEC Section 5): NLL of buffered correct proofs, weight 1 unless
+    `weights` [batch] says otherwise. Shapes and metrics as `reinforce_half_loss`."""
+    if weights is None:
+        weights = jnp.ones(logprobs.shape[:1], jnp.promote_types(logprobs.dtype, jnp.float32))
+    return reinforce_half_loss(logprobs, mask, weights, normalization, group_ids, scale)
+
+
+def cispo_loss(
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    mask: jax.Array,
+    advantages: jax.Array,
+    eps_low: float = 1.0,
+    eps_high: float = 3.0,
+    normalization: str = "batch_tokens",
+    group_ids: jax.Array | None = None,
+    scale: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """CISPO (SPEC Section 5): -sum_i scale_i * A_i * sum_t mask * sg(w_it) * logprobs_it,
+    w = clip(exp(logprobs - old_logprobs), 1 - eps_low, 1 + eps_high).
+
+    logprobs, old_logprobs (the sampler's), mask: [batch, tokens]; advantages: [batch].
+    Metrics (over masked tokens): clip_fraction_low / _high (ratio below / above the
+    range), clip_fraction (both), mean_importance_weight (clipped w), mean_ratio
+    (unclipped), token_count.
+    """
+    lp, valid, m, adv, scale = _prepare(logprobs, mask, advantages, normalization, group_ids, scale)
+    old = jnp.where(valid, old_logprobs.astype(lp.dtype), 0.0)
+    ratio = jax.lax.stop_gradient(jnp.exp(lp - old))  # 1 at masked positions
+    weight = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = -jnp.sum(scale * adv * jnp.sum(weight * lp, axis=-1))
+    tokens = jnp.sum(m)
+    per_token = lambda x: jnp.sum(x * m) / jnp.maximum(tokens, 1.0)  # noqa: E731
+    low = (ratio < 1.0 - eps_low).astype(m.dtype)
+    high = (ratio > 1.0 + eps_high).astype(m.dtype)
+    metrics = {
+        "token_count": tokens,
+        "clip_fraction_low": per_token(low),
+        "clip_fraction_high": per_token(high),
+        "clip_fraction": per_token(low + high),
+        "mean_importance_weight": per_token(weight),
+        "mean_ratio": per_token(ratio),
+    }
+    return loss, jax.lax.stop_gradient(metrics)

@@ -1,0 +1,70 @@
+"""The target set: D3k-format loading, solved bookkeeping, proof cap, state round trip."""
+
+import json
+
+import pytest
+
+from sgs_jax.sgs.target_set import TargetFileError, TargetSet
+
+
+def _file(tmp_path, entries):
+    path = tmp_path / "targets.json"
+    path.write_text(json.dumps({"iterations": [], "target_statements": entries}))
+    return path
+
+
+def _entry(i, proofs=()):
+    return {"id": f"t{i}", "header": "import Mathlib\n", "theorem": f"theorem t{i} : {i} = {i} := by", "tag": "", "source": "", "proofs": list(proofs)}
+
+
+def test_load_record_and_round_trip(tmp_path):
+    path = _file(tmp_path, {f"t{i}": _entry(i, ["rfl"] if i == 0 else []) for i in range(3)})
+    ts = TargetSet.load(path, max_proofs=2)
+    assert len(ts) == 3 and ts.num_solved() == 1
+    assert [t.id for t in ts.unsolved()] == ["t1", "t2"]
+    assert ts.record_proof("t1", "rfl") is True
+    assert ts.record_proof("t1", "rfl") is False  # duplicate: stored once
+    ts.record_proof("t1", "simp")
+    ts.record_proof("t1", "norm_num")  # over the cap of 2
+    assert ts.proofs["t1"] == ["rfl", "simp"]
+    assert ts.solved_fraction() == pytest.approx(2 / 3)
+    ts.iterations.append({"iteration": 0})
+    ts.save(tmp_path / "state.json")
+    again = TargetSet.load(tmp_path / "state.json", max_proofs=2)
+    assert again.proofs == ts.proofs and again.iterations == [{"iteration": 0}]
+    assert again.by_id["t0"].header == "import Mathlib\n"
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [("{not json", "cannot read"), (json.dumps({"x": 1}), "D3k format"), (json.dumps({"target_statements": {}}), "no targets"),
+     (json.dumps({"target_statements": {"a": {"theorem": "theorem a : True"}}}), "does not end")],
+)
+def test_bad_files_give_clear_errors(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(TargetFileError, match=match):
+        TargetSet.load(path)
+
+
+def test_real_d3k_loads(d3k_path):
+    ts = TargetSet.load(d3k_path)
+    assert len(ts) == 3323 and ts.num_solved() == 0
+    assert all(t.statement.endswith(":= by") for t in ts.targets)
+
+
+def test_swallowed_assign_by_is_repaired():
+    from sgs_jax.sgs.extraction import blank_lean_comments
+    from sgs_jax.sgs.target_set import repair_statement
+
+    fixed = repair_statement("theorem t (x : ℕ) : x = x  -- median formula := by")
+    assert fixed == "theorem t (x : ℕ) : x = x  -- median formula\n:= by"
+    assert blank_lean_comments(fixed).rstrip().endswith(":= by")
+    assert repair_statement("theorem t : True := by") == "theorem t : True := by"
+
+
+def test_all_d3k_statements_end_in_a_live_assign_by(d3k_path):
+    from sgs_jax.sgs.extraction import blank_lean_comments
+
+    ts = TargetSet.load(d3k_path)
+    assert all(blank_lean_comments(t.statement).rstrip().endswith(":= by") for t in ts.targets)

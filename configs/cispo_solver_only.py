@@ -1,0 +1,19 @@
+"""CISPO Solver alone (LR a third of REINFORCE½'s: 1e-6 in the paper preset; batch 64).
+
+Use as `configs/cispo_solver_only.py:testbed` or `configs/cispo_solver_only.py:paper` (SPEC Section 8)."""
+
+from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
+
+
+def get_config(preset: str = "testbed"):
+    return experiment(
+        "cispo_solver_only",
+        preset,
+        **{
+            "sgs.solver_objective": 'cispo',
+            "sgs.use_conjecturer": False,
+            "sgs.use_guide": False,
+            "solver_train.lr": lambda lr: lr / 3,  # 1e-6 at the paper's 3e-6
+            "solver_train.batch_size": 64,
+        },
+    )

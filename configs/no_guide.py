@@ -1,0 +1,15 @@
+"""SGS without the Guide: R_guide = 1.
+
+Use as `configs/no_guide.py:testbed` or `configs/no_guide.py:paper` (SPEC Section 8)."""
+
+from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
+
+
+def get_config(preset: str = "testbed"):
+    return experiment(
+        "no_guide",
+        preset,
+        **{
+            "sgs.use_guide": False,
+        },
+    )

@@ -1,0 +1,16 @@
+"""SGS whose Conjecturer prompt does not show the target; no Guide.
+
+Use as `configs/no_problem_conditioning.py:testbed` or `configs/no_problem_conditioning.py:paper` (SPEC Section 8)."""
+
+from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
+
+
+def get_config(preset: str = "testbed"):
+    return experiment(
+        "no_problem_conditioning",
+        preset,
+        **{
+            "sgs.condition_on_target": False,
+            "sgs.use_guide": False,
+        },
+    )

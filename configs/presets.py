@@ -1,0 +1,69 @@
+"""The two presets every experiment file offers, and the helper experiment files use.
+
+  testbed  embedded propositional Lean domain, tiny models trained from scratch by a short
+           supervised warm start, `prop` verifier, CPU-sized everything (minutes)
+  paper    DeepSeek-Prover-V2-7B on D3k, Lean 4.15 + Mathlib REPL pool, the paper's constants
+"""
+
+from ml_collections import ConfigDict
+
+from configs.base import get_config as base_config
+
+PRESETS = ("testbed", "paper")
+
+
+def testbed(c: ConfigDict) -> None:
+    c.run.iterations = 6
+    c.targets.source = "testbed"
+    c.targets.limit = 96
+    c.model.checkpoint = ""
+    c.model.testbed_size = "micro"
+    c.sampling.solver_max_total_len = 320
+    c.sampling.conjecturer_max_new_tokens = 96
+    c.sampling.guide_max_new_tokens = 96
+    c.sampling.max_batch = 128
+    c.verify.backend = "prop"
+    for role in (c.solver_train, c.conjecturer_train):
+        role.lr = 3e-4  # tiny from-scratch models move slowly at the 7B learning rate
+        role.batch_size = 32
+        role.micro_batch_size = 16
+    c.warmstart.enabled = True
+    c.warmstart.examples = 1024
+    c.warmstart.epochs = 3
+    c.warmstart.lr = 2e-3
+    c.warmstart.batch_size = 32
+
+
+def paper(c: ConfigDict) -> None:
+    c.run.iterations = 500
+    c.targets.source = "hub"
+    c.model.checkpoint = "deepseek-ai/DeepSeek-Prover-V2-7B"
+    c.model.guide_checkpoint = "LukeBailey181Pub/dspv2_guide"
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "bfloat16"
+    c.model.remat_policy = "full"
+    c.sampling.max_batch = 512
+    c.verify.backend = "lean"
+    c.verify.options.timeout_s = 200.0
+    c.verify.options.memory_limit_gib = 12.0
+    c.warmstart.enabled = False
+
+
+def experiment(name: str, preset: str, **changes) -> ConfigDict:
+    """Base config + `preset` + the experiment's own `changes` ({"a.b": value}); a callable
+    value is applied to the preset's value (so a ratio holds in every preset)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {PRESETS}")
+    c = base_config()
+    c.experiment = name
+    c.run.workdir = f"runs/{name}_{preset}"
+    {"testbed": testbed, "paper": paper}[preset](c)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = c
+        for part in parents:
+            node = node[part]
+        if leaf not in node:
+            raise KeyError(f"{name}: unknown field {dotted}")
+        node[leaf] = value(node[leaf]) if callable(value) else value
+    return c

@@ -97,7 +97,6 @@ def _optimizer_defaults(lr: float, batch_size: int) -> ConfigDict:
     o.b2 = 0.95  # Adam beta2
     o.eps = 1e-8  # Adam epsilon
     o.clip_norm = 1.0  # global gradient-norm clip
-    o.weight_decay = 0.0  # none in the paper
     o.reset_optimizer = True  # fresh optimiser state every iteration
     o.normalization = "batch_tokens"  # batch_tokens (official code) | sequence (paper Eq. 4)
     o.epochs = 1  # passes over the iteration's data

@@ -36,7 +36,7 @@ def test_missing_file_and_resolved_copy(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))))
 def test_every_experiment_config_and_preset_validates(path):
-    if path.endswith(("__init__.py", "base.py")):
+    if path.endswith(("__init__.py", "base.py", "presets.py")):
         return
     import importlib.util
 
@@ -45,3 +45,9 @@ def test_every_experiment_config_and_preset_validates(path):
     spec.loader.exec_module(module)
     for preset in getattr(module, "PRESETS", ("",)):
         load_config(f"{path}:{preset}" if preset else path)
+
+
+def test_cispo_learning_rate_is_a_third_in_every_preset():
+    for preset, expected in (("paper", 1e-6), ("testbed", 1e-4)):
+        cfg = load_config(os.path.join(ROOT, f"configs/cispo_sgs.py:{preset}"))
+        assert abs(cfg.solver_train.lr - expected) < 1e-12 and cfg.solver_train.batch_size == 64

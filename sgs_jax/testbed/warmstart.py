@@ -17,6 +17,7 @@ packaged templates of `sgs_jax/sgs/prompts.py` (the lead may pass those function
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import pathlib
 import random
@@ -29,6 +30,8 @@ from sgs_jax.testbed.prover import prove_statement
 from sgs_jax.testbed.teacher import score
 
 PromptBuilder = Callable[..., str]
+# Regenerate with: python -m sgs_jax.testbed.warmstart --write-corpus 1024 --seed 1
+CORPUS_PATH = pathlib.Path(__file__).resolve().parent / "data" / "warmstart_corpus.jsonl.gz"
 
 
 def solver_prompt(header: str, statement: str) -> str:
@@ -124,27 +127,65 @@ def bad_conjectures(rng: random.Random, target: Statement) -> list[Statement]:
     ]
 
 
+def corpus_record(header: str, text: str, rng: random.Random) -> dict | None:
+    """The prompt-free material of one statement (None if unprovable): its proof, the
+    best lemma for the Conjecturer, and (conjecture, teacher reply) pairs for the Guide."""
+    target = parse_statement(text)
+    result = prove_statement(target)
+    if not result.provable:
+        return None
+    lemma = best_lemma(target)
+    pairs = bad_conjectures(rng, target) + ([lemma] if lemma is not None else [])
+    return {
+        "header": header,
+        "statement": text,
+        "proof": result.proof_text(),
+        "lemma": None if lemma is None else lemma.lean(),
+        "guide": [[conj.lean(), score(text, conj.lean()).reply()] for conj in pairs],
+    }
+
+
+def rows_from_records(
+    records: Iterable[dict],
+    builders: tuple[PromptBuilder, PromptBuilder, PromptBuilder] = (solver_prompt, conjecturer_prompt, guide_prompt),
+) -> dict[str, list[dict]]:
+    """Warm-start rows for 'solver', 'conjecturer' and 'guide' from corpus records."""
+    build_solver, build_conj, build_guide = builders
+    sets: dict[str, list[dict]] = {"solver": [], "conjecturer": [], "guide": []}
+    for rec in records:
+        header, text = rec["header"], rec["statement"]
+        sets["solver"].append(solver_example(header, text, rec["proof"], build_solver))
+        if rec["lemma"] is not None:
+            sets["conjecturer"].append(_row(build_conj(header, text), f"```lean4\n{rec['lemma']} sorry\n```"))
+        for conj, reply in rec["guide"]:
+            sets["guide"].append(_row(build_guide(text, conj), reply))
+    return sets
+
+
 def build_sets(targets: Iterable[tuple[str, str]], seed: int = 0,
                builders: tuple[PromptBuilder, PromptBuilder, PromptBuilder] = (solver_prompt, conjecturer_prompt, guide_prompt),
                ) -> dict[str, list[dict]]:
     """Warm-start rows for 'solver', 'conjecturer' and 'guide' from (header, statement) pairs."""
     rng = random.Random(seed)
-    build_solver, build_conj, build_guide = builders
-    sets: dict[str, list[dict]] = {"solver": [], "conjecturer": [], "guide": []}
-    for header, text in targets:
-        target = parse_statement(text)
-        result = prove_statement(target)
-        if not result.provable:
-            continue
-        sets["solver"].append(solver_example(header, text, result.proof_text(), build_solver))
-        lemma = best_lemma(target)
-        pairs = bad_conjectures(rng, target)
-        if lemma is not None:
-            sets["conjecturer"].append(conjecturer_example(header, target, lemma, build_conj))
-            pairs.append(lemma)
-        for conj in pairs:
-            sets["guide"].append(_row(build_guide(text, conj.lean()), score(text, conj.lean()).reply()))
-    return sets
+    records = [corpus_record(header, text, rng) for header, text in targets]
+    return rows_from_records([r for r in records if r is not None], builders)
+
+
+def load_corpus(path: pathlib.Path | str = CORPUS_PATH) -> list[dict]:
+    """The packaged warm-start corpus (statements disjoint from the default target set)."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def write_corpus(count: int, seed: int, path: pathlib.Path | str = CORPUS_PATH) -> int:
+    """Generate `count` fresh statements (prefix `warm`) and write their records, gzipped."""
+    items = generate(DEFAULT_MIX, count, seed, prefix="warm")
+    rng = random.Random(seed)
+    records = [r for r in (corpus_record("", it.statement.lean(), rng) for it in items) if r is not None]
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    return len(records)
 
 
 def write_jsonl(rows: list[dict], path: pathlib.Path) -> None:
@@ -156,10 +197,16 @@ def write_jsonl(rows: list[dict], path: pathlib.Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Write Solver/Conjecturer/Guide warm-start JSONL sets.")
-    ap.add_argument("--out", type=pathlib.Path, required=True)
+    ap.add_argument("--out", type=pathlib.Path, help="write the three JSONL sets here")
+    ap.add_argument("--write-corpus", type=int, metavar="N", help="regenerate the packaged corpus with N statements")
     ap.add_argument("--count", type=int, default=400, help="fresh statements (disjoint seed from the target set)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.write_corpus:
+        print(f"{write_corpus(args.write_corpus, args.seed)} records -> {CORPUS_PATH}")
+        return
+    if args.out is None:
+        ap.error("--out or --write-corpus is required")
     items = generate(DEFAULT_MIX, args.count, args.seed, prefix="warm")
     sets = build_sets((("", it.statement.lean()) for it in items), seed=args.seed)
     for role, rows in sets.items():

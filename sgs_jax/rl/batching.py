@@ -1,0 +1,174 @@
+"""Training sequences -> fixed-shape micro-batches, bucketed by length.
+
+A training sequence is prompt + completion; the model reads `input = seq[:-1]` and is
+scored on `target = seq[1:]`, with the loss mask on the targets that are completion
+tokens (prompt tokens and padding never count). Micro-batches take sequences sorted by
+length, `micro_batch_size` rows each, padded on the right to the smallest length bucket
+that holds their longest row, so padding stays small and only a few shapes compile.
+A short last micro-batch is filled with empty rows (all-zero mask, weight 0).
+
+The per-sequence normaliser (`scale`) is computed once over the whole optimiser batch
+(`sgs_jax.rl.objectives.sequence_scale`) and carried by each row, so the micro-batch
+losses sum exactly to the loss of the whole batch (SPEC Section 4 step 9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sgs_jax.rl.objectives import sequence_scale
+from sgs_jax.sgs.types import TrainingSample
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceExample:
+    """One training sequence.
+
+    prompt_ids: tokens the model is conditioned on (never trained on), at least one.
+    completion_ids: generated tokens (trained on), at least one.
+    weight: per-sequence weight, or advantage for CISPO.
+    old_logprobs: the sampler's log-probability (nats) of each completion token; CISPO only.
+    group: the problem the sequence belongs to (CISPO's per-group normalisation).
+    """
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    weight: float = 1.0
+    old_logprobs: tuple[float, ...] | None = None
+    group: int = 0
+
+    def __post_init__(self):
+        if not self.prompt_ids:
+            raise ValueError("a training sequence needs at least one prompt token (e.g. BOS)")
+        if not self.completion_ids:
+            raise ValueError("a training sequence needs at least one completion token")
+        if self.old_logprobs is not None and len(self.old_logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"old_logprobs has {len(self.old_logprobs)} entries for {len(self.completion_ids)} completion tokens"
+            )
+        if not np.isfinite(self.weight):
+            raise ValueError(f"weight must be finite, got {self.weight}")
+
+    @property
+    def num_inputs(self) -> int:
+        """Model input length: prompt + completion - 1 (the last token is only a target)."""
+        return len(self.prompt_ids) + len(self.completion_ids) - 1
+
+    @classmethod
+    def from_training_sample(cls, prompt_ids: Sequence[int], sample: TrainingSample) -> "SequenceExample":
+        """A rollout turned training sample, with the prompt ids it was sampled from."""
+        rollout = sample.rollout
+        return cls(tuple(prompt_ids), tuple(rollout.token_ids), float(sample.weight), tuple(rollout.logprobs), sample.group)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """Fixed-shape arrays of B rows padded to T tokens (NumPy on the host, jax on device).
+
+    input_ids, targets: [B, T] int32; attention_mask: [B, T] bool (real input tokens);
+    loss_mask: [B, T] float32 (1 where the target is a completion token);
+    old_logprobs: [B, T] float32 (0 where not given); weights, scale: [B] float32.
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    targets: np.ndarray
+    loss_mask: np.ndarray
+    old_logprobs: np.ndarray
+    weights: np.ndarray
+    scale: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.input_ids.shape)
+
+
+def length_buckets(max_len: int, min_len: int = 64) -> tuple[int, ...]:
+    """Bucket lengths min_len, 1.5 min_len, 2 min_len, 3 min_len, ... up to and including
+    max_len: two shapes per octave, so padding is at most 1/3 of a row."""
+    if min_len <= 0 or max_len <= 0:
+        raise ValueError(f"bucket lengths must be positive, got min_len={min_len}, max_len={max_len}")
+    buckets, size = [], min_len
+    while size < max_len:
+        buckets += [size, size * 3 // 2]
+        size *= 2
+    return tuple(sorted({b for b in buckets if b < max_len} | {max_len}))
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= length; ValueError when the sequence is longer than every bucket."""
+    for bucket in sorted(buckets):
+        if bucket >= length:
+            return bucket
+    raise ValueError(f"sequence of {length} input tokens exceeds the largest bucket {max(buckets)} (max_seq_len)")
+
+
+def batch_scale(examples: Sequence[SequenceExample], normalization: str = "batch_tokens") -> np.ndarray:
+    """[N] float32 per-sequence normaliser over the whole optimiser batch (see objectives)."""
+    lengths = np.asarray([len(e.completion_ids) for e in examples])
+    mask = np.arange(max(lengths.max(initial=0), 1))[None, :] < lengths[:, None]
+    group_ids = np.asarray([e.group for e in examples]) if normalization == "group_tokens" else None
+    return np.asarray(sequence_scale(jnp.asarray(mask), normalization, group_ids), np.float32)
+
+
+def _fill_row(batch: dict[str, np.ndarray], row: int, example: SequenceExample, scale: float) -> None:
+    seq = np.asarray(example.prompt_ids + example.completion_ids, np.int32)
+    n, p = example.num_inputs, len(example.prompt_ids)
+    batch["input_ids"][row, :n] = seq[:-1]
+    batch["attention_mask"][row, :n] = True
+    batch["targets"][row, :n] = seq[1:]
+    batch["loss_mask"][row, p - 1 : n] = 1.0  # target index p-1 is the first completion token
+    if example.old_logprobs is not None:
+        batch["old_logprobs"][row, p - 1 : n] = example.old_logprobs
+    batch["weights"][row] = example.weight
+    batch["scale"][row] = scale
+
+
+def make_micro_batches(
+    examples: Sequence[SequenceExample],
+    scale: np.ndarray,
+    micro_batch_size: int,
+    buckets: Sequence[int],
+    pad_id: int = 0,
+) -> list[MicroBatch]:
+    """Micro-batches of `micro_batch_size` rows, longest sequences first.
+
+    examples: one optimiser batch; scale: [len(examples)] from `batch_scale`.
+    Raises ValueError when a sequence is longer than the largest bucket.
+    """
+    if micro_batch_size <= 0:
+        raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+    if len(scale) != len(examples):
+        raise ValueError(f"{len(scale)} scale entries for {len(examples)} examples")
+    order = sorted(range(len(examples)), key=lambda i: -examples[i].num_inputs)
+    batches = []
+    for start in range(0, len(order), micro_batch_size):
+        rows = order[start : start + micro_batch_size]
+        length = bucket_for(examples[rows[0]].num_inputs, buckets)
+        shape = (micro_batch_size, length)
+        arrays = {
+            "input_ids": np.full(shape, pad_id, np.int32),
+            "attention_mask": np.zeros(shape, bool),
+            "targets": np.full(shape, pad_id, np.int32),
+            "loss_mask": np.zeros(shape, np.float32),
+            "old_logprobs": np.zeros(shape, np.float32),
+            "weights": np.zeros(micro_batch_size, np.float32),
+            "scale": np.zeros(micro_batch_size, np.float32),
+        }
+        for row, index in enumerate(rows):
+            _fill_row(arrays, row, examples[index], float(scale[index]))
+        batches.append(MicroBatch(**arrays))
+    return batches
+
+
+def padding_fraction(batches: Sequence[MicroBatch]) -> float:
+    """Fraction of input slots in `batches` that are padding (0 when there are none)."""
+    total = sum(b.attention_mask.size for b in batches)
+    real = sum(int(np.sum(b.attention_mask)) for b in batches)
+    return 1.0 - real / total if total else 0.0

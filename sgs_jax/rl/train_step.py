@@ -1,0 +1,262 @@
+"""The sharded training step of one role (Solver or Conjecturer; the Guide's SFT too).
+
+`Trainer` owns a model's parameters and fp32 Adam state on a mesh and runs one optimiser
+update per batch of `SequenceExample`s:
+
+  host:   batch -> per-sequence scale over the whole batch -> length-bucketed micro-batches
+  device: for each micro-batch  accumulate(params, acc, micro_batch) -> acc   (jitted)
+          then                  apply(params, opt_state, acc) -> params, opt_state (jitted)
+
+Both jitted functions take the `nnx.split` state as a pytree with explicit in/out
+shardings (parameters by the logical-axis rules, micro-batch rows over (data, fsdp)) and
+donate what they replace. Because every row carries its share of the batch normaliser,
+summing micro-batch gradients gives exactly the gradient of the whole batch's loss; each
+bucket length compiles once. Remat follows the model config (`remat_policy`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sgs_jax.parallel import activation_sharding, make_mesh, named_sharding, state_shardings
+from sgs_jax.rl import objectives
+from sgs_jax.rl.batching import MicroBatch, SequenceExample, batch_scale, length_buckets, make_micro_batches, padding_fraction
+from sgs_jax.rl.logprobs import token_logprobs
+from sgs_jax.rl.optimizer import OptimizerConfig, make_optimizer
+
+OBJECTIVES = ("reinforce_half", "cispo", "expert_iteration", "sft")
+
+# How each objective metric combines over micro-batches: summed, or a mean weighted by
+# the named count of each micro-batch.
+_METRIC_WEIGHT = {
+    "token_count": None,
+    "sequence_count": None,
+    "mean_weight": "sequence_count",
+    "nll_per_token": "token_count",
+    "clip_fraction_low": "token_count",
+    "clip_fraction_high": "token_count",
+    "clip_fraction": "token_count",
+    "mean_importance_weight": "token_count",
+    "mean_ratio": "token_count",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One role's training settings.
+
+    objective: one of OBJECTIVES ("sft" = NLL with weight 1 on every sequence).
+    normalization: "batch_tokens" (official code, default), "sequence" (paper Eq. 4) or
+    "group_tokens" (official CISPO); computed over the whole optimiser batch.
+    batch_size / micro_batch_size: sequences per optimiser step / per forward-backward.
+    max_seq_len: longest model input (prompt + completion - 1) accepted.
+    min_bucket: shortest length bucket. logits_chunk: positions per vocabulary chunk.
+    reset_optimizer: `train_epoch` starts from a fresh Adam state (SPEC 4.9).
+    """
+
+    objective: str = "reinforce_half"
+    normalization: str = "batch_tokens"
+    batch_size: int = 32
+    micro_batch_size: int = 4
+    max_seq_len: int = 8192
+    min_bucket: int = 64
+    logits_chunk: int = 1024
+    cispo_eps_low: float = 1.0
+    cispo_eps_high: float = 3.0
+    reset_optimizer: bool = True
+    shuffle_seed: int = 0
+    optimizer: OptimizerConfig = OptimizerConfig()
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; expected one of {OBJECTIVES}")
+        if self.normalization not in objectives.NORMALIZATIONS:
+            raise ValueError(f"unknown normalization {self.normalization!r}; expected one of {objectives.NORMALIZATIONS}")
+        for name in ("batch_size", "micro_batch_size", "max_seq_len", "min_bucket", "logits_chunk"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return length_buckets(self.max_seq_len, min(self.min_bucket, self.max_seq_len))
+
+
+def micro_batch_loss(model, batch: MicroBatch, config: TrainConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The objective's loss on one micro-batch (its share of the whole batch's loss, as
+    `batch.scale` holds the batch-wide normaliser) and its metrics."""
+    logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.targets, config.logits_chunk)
+    mask, scale = batch.loss_mask, batch.scale
+    if config.objective == "cispo":
+        return objectives.cispo_loss(
+            logprobs, batch.old_logprobs, mask, batch.weights, config.cispo_eps_low, config.cispo_eps_high, scale=scale
+        )
+    if config.objective == "reinforce_half":
+        return objectives.reinforce_half_loss(logprobs, mask, batch.weights, scale=scale)
+    weights = None if config.objective == "sft" else batch.weights
+    return objectives.expert_iteration_loss(logprobs, mask, weights, scale=scale)
+
+
+def _metric_sums(loss, metrics) -> dict[str, jax.Array]:
+    """Micro-batch metrics as sums that add up across micro-batches."""
+    sums = {"loss": loss}
+    for name, value in metrics.items():
+        weight = _METRIC_WEIGHT.get(name, "token_count")
+        sums[name] = value if weight is None else value * metrics[weight]
+    return sums
+
+
+def _finish_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Summed micro-batch metrics (`_metric_sums`) -> batch metrics."""
+    out = {}
+    for name, value in sums.items():
+        weight = None if name in _APPLY_METRICS else _METRIC_WEIGHT.get(name, "token_count")
+        out[name] = value / max(sums[weight], 1.0) if weight else value
+    return out
+
+
+_APPLY_METRICS = ("loss", "grad_norm", "update_norm", "param_norm")  # not averaged
+
+
+class Trainer:
+    """Parameters, fp32 optimiser state and the compiled step of one role.
+
+    The Trainer takes over `model`'s parameters: it places them on `mesh` (default: the
+    first device alone) and, after each update, points `model` at the new parameters, so
+    `trainer.model` can go straight to the sampler. Buffers are donated, so arrays taken
+    from the model earlier become invalid after a step.
+    """
+
+    def __init__(self, model, config: TrainConfig, mesh: Mesh | None = None):
+        self.model = model
+        self.config = config
+        self.mesh = mesh if mesh is not None else make_mesh(1, 1, 1, devices=jax.devices()[:1])
+        self._optimizer = make_optimizer(config.optimizer)
+        self._graphdef, params = nnx.split(model)
+        self._param_shardings = state_shardings(params, self.mesh)
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.params = jax.device_put(params, self._param_shardings)
+        nnx.update(self.model, self.params)
+        abstract_opt = jax.eval_shape(self._optimizer.init, self.params)
+        is_sharding = lambda x: isinstance(x, NamedSharding)  # noqa: E731
+        self._opt_shardings = optax.tree_utils.tree_map_params(
+            self._optimizer, lambda _, s: s, abstract_opt, self._param_shardings,
+            transform_non_params=lambda _: self._replicated, is_leaf=is_sharding,
+        )
+        self._batch_shardings = self._micro_batch_shardings()
+        self._metric_names = self._abstract_metric_names()
+        acc_shardings = (self._param_shardings, {k: self._replicated for k in self._metric_names})
+        self._init_opt = jax.jit(self._optimizer.init, in_shardings=(self._param_shardings,), out_shardings=self._opt_shardings)
+        self._zero_acc = jax.jit(self._zeros, in_shardings=(self._param_shardings,), out_shardings=acc_shardings)
+        self._accumulate = jax.jit(
+            self._accumulate_fn,
+            in_shardings=(self._param_shardings, acc_shardings, self._batch_shardings),
+            out_shardings=acc_shardings,
+            donate_argnums=(1,),
+        )
+        self._apply = jax.jit(
+            self._apply_fn,
+            in_shardings=(self._param_shardings, self._opt_shardings, acc_shardings),
+            out_shardings=(self._param_shardings, self._opt_shardings, {k: self._replicated for k in self._metric_names + _APPLY_METRICS}),
+            donate_argnums=(0, 1),  # the gradient accumulator has no output to alias
+        )
+        self.opt_state = self._init_opt(self.params)
+
+    # ---- jitted pieces (pure functions of pytrees) ---------------------------------------
+    def _micro_batch_shardings(self) -> MicroBatch:
+        b = self.config.micro_batch_size
+        rows = named_sharding(self.mesh, ("batch", "seq"), (b, 1))
+        vec = named_sharding(self.mesh, ("batch",), (b,))
+        return MicroBatch(rows, rows, rows, rows, rows, vec, vec)
+
+    def _loss(self, params, batch: MicroBatch):
+        with activation_sharding(self.mesh):
+            model = nnx.merge(self._graphdef, params)
+            loss, metrics = micro_batch_loss(model, batch, self.config)
+        return loss, _metric_sums(loss, metrics)
+
+    def _abstract_metric_names(self) -> tuple[str, ...]:
+        b = self.config.micro_batch_size
+        ints = jax.ShapeDtypeStruct((b, 2), jnp.int32)
+        floats = jax.ShapeDtypeStruct((b, 2), jnp.float32)
+        batch = MicroBatch(ints, jax.ShapeDtypeStruct((b, 2), bool), ints, floats, floats,
+                           jax.ShapeDtypeStruct((b,), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.float32))
+        _, sums = jax.eval_shape(self._loss, self.params, batch)
+        return tuple(sorted(sums))
+
+    def _zeros(self, params):
+        grads = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        return grads, {k: jnp.zeros((), jnp.float32) for k in self._metric_names}
+
+    def _accumulate_fn(self, params, acc, batch: MicroBatch):
+        grads, sums = jax.grad(self._loss, has_aux=True)(params, batch)
+        grad_acc, metric_acc = acc
+        grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+        return grad_acc, {k: metric_acc[k] + sums[k].astype(jnp.float32) for k in metric_acc}
+
+    def _apply_fn(self, params, opt_state, acc):
+        grads, sums = acc
+        updates, opt_state = self._optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        metrics = {
+            **sums,  # passed through: the accumulator is donated
+            "grad_norm": optax.global_norm(grads),  # before clipping
+            "update_norm": optax.global_norm(updates),
+            "param_norm": optax.global_norm(new_params),
+        }
+        return new_params, opt_state, metrics
+
+    # ---- host-side API ----------------------------------------------------------------
+    def reset_optimizer(self) -> None:
+        """A fresh Adam state (step count 0, zero moments), as each SGS iteration starts."""
+        self.opt_state = self._init_opt(self.params)
+
+    def micro_batches(self, examples: Sequence[SequenceExample]) -> list[MicroBatch]:
+        """The micro-batches one optimiser step over `examples` runs."""
+        if self.config.objective == "cispo" and any(e.old_logprobs is None for e in examples):
+            raise ValueError("the cispo objective needs old_logprobs on every example")
+        scale = batch_scale(examples, self.config.normalization)
+        return make_micro_batches(examples, scale, self.config.micro_batch_size, self.config.buckets, self._pad_id())
+
+    def _pad_id(self) -> int:
+        pad = self.model.config.pad_token_id
+        return 0 if pad is None else int(pad)
+
+    def step(self, examples: Sequence[SequenceExample]) -> dict[str, float]:
+        """One optimiser update over `examples` (one optimiser batch, any size >= 1).
+
+        Returns loss (the whole batch's), grad_norm (before clipping), update_norm,
+        param_norm, the objective's metrics combined over the batch, num_micro_batches,
+        padding_fraction and tokens (real input tokens processed).
+        """
+        if not examples:
+            raise ValueError("an optimiser step needs at least one example")
+        batches = self.micro_batches(examples)
+        acc = self._zero_acc(self.params)
+        for batch in batches:
+            acc = self._accumulate(self.params, acc, batch)
+        self.params, self.opt_state, sums = self._apply(self.params, self.opt_state, acc)
+        nnx.update(self.model, self.params)
+        metrics = _finish_metrics({k: float(v) for k, v in jax.device_get(sums).items()})
+        metrics["num_micro_batches"] = float(len(batches))
+        metrics["padding_fraction"] = padding_fraction(batches)
+        metrics["tokens"] = float(sum(int(np.sum(b.attention_mask)) for b in batches))
+        return metrics
+
+    def train_epoch(self, examples: Sequence[SequenceExample], seed: int | None = None) -> list[dict[str, float]]:
+        """One epoch: shuffle, then one `step` per `batch_size` examples (the last batch may
+        be smaller). Resets the optimiser first when `config.reset_optimizer`."""
+        if self.config.reset_optimizer:
+            self.reset_optimizer()
+        order = list(range(len(examples)))
+        random.Random(self.config.shuffle_seed if seed is None else seed).shuffle(order)
+        size = self.config.batch_size
+        return [self.step([examples[i] for i in order[s : s + size]]) for s in range(0, len(order), size)]

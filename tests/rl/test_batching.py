@@ -1,0 +1,80 @@
+"""Micro-batch construction: layout of one row, bucketing, padding rows, batch normaliser."""
+
+import numpy as np
+import pytest
+
+from sgs_jax.rl.batching import (
+    SequenceExample,
+    batch_scale,
+    bucket_for,
+    length_buckets,
+    make_micro_batches,
+    padding_fraction,
+)
+from sgs_jax.sgs.types import Rollout, TrainingSample
+
+
+def test_row_layout_by_hand():
+    ex = SequenceExample((5, 6, 7), (8, 9), weight=0.5, old_logprobs=(-1.0, -2.0))
+    (batch,) = make_micro_batches([ex], np.array([0.25]), micro_batch_size=2, buckets=(6,), pad_id=0)
+    # sequence 5 6 7 8 9: inputs 5 6 7 8, targets 6 7 8 9; completion targets at 2 and 3.
+    np.testing.assert_array_equal(batch.input_ids, [[5, 6, 7, 8, 0, 0], [0] * 6])
+    np.testing.assert_array_equal(batch.targets, [[6, 7, 8, 9, 0, 0], [0] * 6])
+    np.testing.assert_array_equal(batch.attention_mask, [[1, 1, 1, 1, 0, 0], [0] * 6])
+    np.testing.assert_array_equal(batch.loss_mask, [[0, 0, 1, 1, 0, 0], [0] * 6])
+    np.testing.assert_array_equal(batch.old_logprobs, [[0, 0, -1, -2, 0, 0], [0] * 6])
+    np.testing.assert_array_equal(batch.weights, [0.5, 0.0])  # the filler row weighs nothing
+    np.testing.assert_array_equal(batch.scale, [0.25, 0.0])
+
+
+def test_single_token_prompt_and_completion():
+    (batch,) = make_micro_batches([SequenceExample((1,), (4,))], np.array([1.0]), 1, (4,))
+    np.testing.assert_array_equal(batch.input_ids, [[1, 0, 0, 0]])
+    np.testing.assert_array_equal(batch.targets, [[4, 0, 0, 0]])
+    np.testing.assert_array_equal(batch.loss_mask, [[1, 0, 0, 0]])
+
+
+def test_sorted_by_length_and_bucketed():
+    lengths = [3, 17, 9, 30, 5, 12]  # model inputs = prompt 1 + completion - 1
+    examples = [SequenceExample((1,), tuple(range(3, 3 + n))) for n in lengths]
+    batches = make_micro_batches(examples, np.ones(6), micro_batch_size=2, buckets=length_buckets(32, 8))
+    assert [b.shape for b in batches] == [(2, 32), (2, 12), (2, 8)]
+    assert [int(b.attention_mask.sum()) for b in batches] == [30 + 17, 12 + 9, 5 + 3]
+    assert padding_fraction(batches) == pytest.approx(1 - 76 / (64 + 24 + 16))
+    # Every example lands exactly once.
+    assert sorted(int(b.loss_mask[r].sum()) for b in batches for r in range(2)) == sorted(lengths)
+
+
+def test_length_buckets_two_per_octave():
+    assert length_buckets(512, 64) == (64, 96, 128, 192, 256, 384, 512)
+    assert length_buckets(100, 64) == (64, 96, 100)
+    assert bucket_for(97, length_buckets(512, 64)) == 128
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        bucket_for(513, length_buckets(512, 64))
+
+
+def test_batch_scale_against_hand_values():
+    examples = [SequenceExample((1,), (3,) * n, group=g) for n, g in [(2, 0), (3, 0), (5, 1)]]
+    np.testing.assert_allclose(batch_scale(examples, "batch_tokens"), [0.1] * 3, rtol=1e-7)
+    np.testing.assert_allclose(batch_scale(examples, "sequence"), [1 / 6, 1 / 9, 1 / 15], rtol=1e-6)
+    # group 0 has 5 tokens, group 1 has 5; two groups.
+    np.testing.assert_allclose(batch_scale(examples, "group_tokens"), [0.1, 0.1, 0.1], rtol=1e-6)
+
+
+def test_bad_examples_are_rejected_clearly():
+    with pytest.raises(ValueError, match="completion token"):
+        SequenceExample((1,), ())
+    with pytest.raises(ValueError, match="prompt token"):
+        SequenceExample((), (3,))
+    with pytest.raises(ValueError, match="old_logprobs"):
+        SequenceExample((1,), (3, 4), old_logprobs=(-1.0,))
+    with pytest.raises(ValueError, match="finite"):
+        SequenceExample((1,), (3,), weight=float("nan"))
+    with pytest.raises(ValueError, match="exceeds"):
+        make_micro_batches([SequenceExample((1,) * 10, (3,))], np.ones(1), 1, (8,))
+
+
+def test_from_training_sample_keeps_tokens_weight_logprobs_group():
+    rollout = Rollout("p", (7, 8, 2), "text", (-0.1, -0.2, -0.3), 3, "stop")
+    ex = SequenceExample.from_training_sample([1, 5], TrainingSample(rollout, -0.5, 4))
+    assert ex == SequenceExample((1, 5), (7, 8, 2), -0.5, (-0.1, -0.2, -0.3), 4)

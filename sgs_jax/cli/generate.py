@@ -1,0 +1,118 @@
+"""`sgs-generate`: sample completions for a JSONL file of prompts from a checkpoint.
+
+    sgs-generate --checkpoint DIR --prompts IN.jsonl --out OUT.jsonl \
+        --num-samples 8 --temperature 1.0 --top-p 1.0 --max-new-tokens 1024
+
+Input lines: {"prompt": "..."} (encoded with the tokenizer's BOS) or {"messages": [...]}
+(chat template with the generation prompt). Output lines, in input order:
+{"index", "samples": [{"token_ids", "text", "logprobs", "finish_reason"}, ...]}, or
+{"index", "error": reason} for a line that cannot be used (bad JSON, empty prompt,
+prompt longer than the cap). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from sgs_jax.models.hf_io import CheckpointError, load_hf
+from sgs_jax.models.tokenizer import TokenizerError, load_tokenizer
+from sgs_jax.parallel.mesh import make_mesh
+from sgs_jax.sampling.params import SamplingParams
+from sgs_jax.sampling.sampler import Sampler
+from sgs_jax.sampling.text import generate_records
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sgs-generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="Hugging Face Llama checkpoint directory")
+    parser.add_argument("--prompts", required=True, help='JSONL of {"prompt": str} or {"messages": [...]}')
+    parser.add_argument("--out", required=True, help="JSONL of samples, in input order")
+    parser.add_argument("--tokenizer", help="tokenizer directory (default: the checkpoint)")
+    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--max-total-len", type=int, default=8192, help="cap on prompt + generated tokens")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stop-token-ids", type=int, nargs="*", help="default: the checkpoint's EOS ids")
+    parser.add_argument("--max-batch", type=int, default=64, help="decode slots (rows in flight)")
+    parser.add_argument("--chunk-steps", type=int, default=16, help="decode steps per jitted chunk")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute and parameter dtype")
+    parser.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR", help="device mesh, e.g. 1,-1,1 (default: one device)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    return parser.parse_args(argv)
+
+
+def read_records(stream: TextIO) -> list[Any]:
+    """One record per non-blank line; a line that is not JSON becomes a ValueError record."""
+    records: list[Any] = []
+    for number, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            records.append(ValueError(f"line {number} is not JSON: {err}"))
+    return records
+
+
+def _progress_printer(stream: TextIO):
+    start = time.monotonic()
+
+    def report(done: int, total: int) -> None:
+        rate = done / max(time.monotonic() - start, 1e-9)
+        stream.write(f"\r[sgs-generate] {done}/{total} samples finished, {rate:.1f}/s")
+        stream.flush()
+
+    return report
+
+
+def run(args: argparse.Namespace, progress: TextIO | None) -> int:
+    """Load, generate, write; returns the number of output lines."""
+    tokenizer = load_tokenizer(args.tokenizer or args.checkpoint)
+    mesh = make_mesh(*(int(x) for x in args.mesh.split(","))) if args.mesh else None
+    model = load_hf(args.checkpoint, dtype=args.dtype, mesh=mesh)
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        max_total_len=args.max_total_len,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        stop_token_ids=None if args.stop_token_ids is None else tuple(args.stop_token_ids),
+    )
+    with open(args.prompts, encoding="utf-8", errors="replace") as f:
+        records = read_records(f)
+    sampler = Sampler(model.config, mesh=mesh, max_batch=args.max_batch, chunk_steps=args.chunk_steps)
+    results = generate_records(sampler, model, tokenizer, records, params, _progress_printer(progress) if progress else None)
+    if progress is not None:
+        stats = sampler.last_stats
+        summary = f"{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s, decode padding waste {stats.decode_waste:.1%}" if stats else "nothing generated"
+        progress.write(f"\n[sgs-generate] {summary}\n")
+    with open(args.out, "w", encoding="utf-8") as out:
+        for result in results:
+            out.write(json.dumps(result, ensure_ascii=False) + "\n")
+    errors = sum("error" in r for r in results)
+    if errors:
+        print(f"sgs-generate: {errors} of {len(results)} lines had errors (see their \"error\" field)", file=sys.stderr)
+    return len(results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args, None if args.no_progress else sys.stderr)
+    except (TokenizerError, CheckpointError, OSError, ValueError) as err:
+        print(f"sgs-generate: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,7 +11,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["sgs_jax", "sgs_jax.*", "configs", "configs.*"]),
     include_package_data=True,
-    package_data={"sgs_jax": ["**/*.json", "**/*.txt", "**/*.md", "**/*.jsonl", "**/*.gz"]},
+    package_data={"sgs_jax": ["**/*.json", "**/*.txt", "**/*.md", "**/*.jsonl", "**/*.gz", "**/*.safetensors", "**/*.jinja"]},
     # Known-good ranges: jax, flax, orbax and transformers move fast and break each other.
     install_requires=[
         "jax>=0.7,<0.11",

@@ -1,7 +1,7 @@
 """Defaults of every setting; experiment files override a few and add presets.
 
 Each field has a one-line meaning. Presets:
-  testbed  the embedded propositional domain, tiny models, CPU, minutes (the README's main job)
+  testbed  the embedded propositional domain, the packaged tiny models, CPU, minutes (the README's main job)
   paper    DeepSeek-Prover-V2-7B on D3k with the Lean backend, the paper's constants
 """
 
@@ -28,9 +28,8 @@ def get_config() -> ConfigDict:
     c.targets.max_proofs = 16  # verified proofs kept per target
 
     c.model = ConfigDict()
-    c.model.checkpoint = ""  # HF checkpoint dir/hub id of the base prover ("" = testbed model)
-    c.model.guide_checkpoint = ""  # HF checkpoint of a ready Guide ("" = fine-tune one from the base)
-    c.model.testbed_size = "micro"  # testbed model size (sgs_jax.testbed.model_configs) when checkpoint=""
+    c.model.checkpoint = ""  # HF checkpoint dir/hub id of the base prover (Solver and Conjecturer start here)
+    c.model.guide_checkpoint = ""  # HF checkpoint of a ready Guide ("" = fine-tune the base on guide.sft_data)
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"  # stored parameter dtype
     c.model.remat_policy = "none"  # none | full | dots (per-layer rematerialisation in training)
@@ -69,22 +68,23 @@ def get_config() -> ConfigDict:
     c.cispo.eps_high = 3.0  # and above at 1 + eps_high
     c.cispo.normalization = "batch_tokens"  # batch_tokens (paper) | group_tokens (official code)
 
+    c.prompts = ConfigDict()  # template file per role; "" = the packaged template (sgs_jax/sgs/templates)
+    c.prompts.solver = ""  # Solver prompt (DeepSeek-Prover-V2 format)
+    c.prompts.conjecturer = ""  # Conjecturer prompt showing the target
+    c.prompts.conjecturer_no_target = ""  # Conjecturer prompt of the No Problem Conditioning ablation
+    c.prompts.guide = ""  # Guide rubric prompt
+
     c.verify = ConfigDict()
     c.verify.backend = "prop"  # prop (testbed) | lean (local REPL pool) | remote (Kimina server)
     c.verify.options = ConfigDict()  # backend keyword options (workers, timeout_s, repl_cmd, url, ...)
     c.verify.cache = True  # persist verdicts with the run; a resumed run keeps them
 
-    c.warmstart = ConfigDict()  # supervised start of the testbed models (real runs start from the prover)
-    c.warmstart.enabled = False  # run the warm start before iteration 0
-    c.warmstart.examples = 2000  # generated examples per role
-    c.warmstart.epochs = 2  # passes over them
-    c.warmstart.lr = 1e-3  # Adam learning rate
-    c.warmstart.batch_size = 32  # sequences per step
-
     c.guide = ConfigDict()
     c.guide.sft_data = ""  # JSONL of (prompt, completion) rubric replies for Guide fine-tuning
     c.guide.sft_epochs = 2  # passes over it
     c.guide.sft_lr = 1e-5  # learning rate
+    c.guide.sft_batch_size = 32  # sequences per optimiser step
+    c.guide.sft_micro_batch_size = 4  # sequences per micro-batch
     return c
 
 

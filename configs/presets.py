@@ -1,7 +1,7 @@
 """The two presets every experiment file offers, and the helper experiment files use.
 
-  testbed  embedded propositional Lean domain, tiny models trained from scratch by a short
-           supervised warm start, `prop` verifier, CPU-sized everything (minutes)
+  testbed  embedded propositional Lean domain, the packaged tiny base and Guide models,
+           `prop` verifier, CPU-sized everything (minutes)
   paper    DeepSeek-Prover-V2-7B on D3k, Lean 4.15 + Mathlib REPL pool, the paper's constants
 """
 
@@ -13,25 +13,27 @@ PRESETS = ("testbed", "paper")
 
 
 def testbed(c: ConfigDict) -> None:
+    from sgs_jax.sgs.testbed_pretrain import MODELS_DIR, TEMPLATES_DIR
+
     c.run.iterations = 6
     c.targets.source = "testbed"
     c.targets.limit = 96
-    c.model.checkpoint = ""
-    c.model.testbed_size = "micro"
+    # The packaged stand-ins for the prover and the Guide (python -m sgs_jax.sgs.testbed_pretrain).
+    c.model.checkpoint = str(MODELS_DIR / "base")
+    c.model.guide_checkpoint = str(MODELS_DIR / "guide")
     c.sampling.solver_max_total_len = 320
     c.sampling.conjecturer_max_new_tokens = 96
     c.sampling.guide_max_new_tokens = 96
     c.sampling.max_batch = 128
     c.verify.backend = "prop"
+    # Short Conjecturer and Guide prompts (the ones the testbed models were trained on): the
+    # full rubric costs hundreds of tokens per call on a CPU.
+    for role in ("conjecturer", "conjecturer_no_target", "guide"):
+        c.prompts[role] = str(TEMPLATES_DIR / f"{role}.txt")
     for role in (c.solver_train, c.conjecturer_train):
-        role.lr = 3e-4  # tiny from-scratch models move slowly at the 7B learning rate
+        role.lr = 3e-4  # tiny models move slowly at the 7B learning rate
         role.batch_size = 32
-        role.micro_batch_size = 16
-    c.warmstart.enabled = True
-    c.warmstart.examples = 1024
-    c.warmstart.epochs = 3
-    c.warmstart.lr = 2e-3
-    c.warmstart.batch_size = 32
+        role.micro_batch_size = 32
 
 
 def paper(c: ConfigDict) -> None:
@@ -46,7 +48,6 @@ def paper(c: ConfigDict) -> None:
     c.verify.backend = "lean"
     c.verify.options.timeout_s = 200.0
     c.verify.options.memory_limit_gib = 12.0
-    c.warmstart.enabled = False
 
 
 def experiment(name: str, preset: str, **changes) -> ConfigDict:

@@ -31,11 +31,8 @@ case "$cmd" in
   sgs)
     config=${1:-configs/sgs.py:testbed}
     shift || true
-    if [ -f sgs_jax/cli/train.py ]; then
-      exec "$VENV/bin/sgs-train" --config "$config" "$@"
-    fi
-    echo "The SGS loop is not built yet; running the most complete path that exists: sgs-plan." >&2
-    exec "$VENV/bin/sgs-plan" --preset deepseek-prover-v2-7b --fsdp 8
+    # Remaining arguments go to sgs-train, e.g. --set run.iterations=3
+    exec "$VENV/bin/sgs-train" --config "$config" "$@"
     ;;
   *)
     echo "usage: bash launch/local.sh {sgs [CONFIG] [flags] | test [pytest args]}" >&2

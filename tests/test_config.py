@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_base_loads_and_overrides():
-    cfg = load_config(os.path.join(ROOT, "configs/base.py"), ["run.iterations=3", "solver_train.lr=1", "verify.options.workers=2"])
+    cfg = load_config(os.path.join(ROOT, "configs/sgs.py:testbed"), ["run.iterations=3", "solver_train.lr=1", "verify.options.workers=2"])
     assert cfg.run.iterations == 3 and cfg.solver_train.lr == 1.0 and cfg.verify.options.workers == 2
 
 
@@ -23,15 +23,15 @@ def test_base_loads_and_overrides():
 )
 def test_bad_values_fail_with_the_field_name(override, match):
     with pytest.raises(ConfigError, match=match):
-        load_config(os.path.join(ROOT, "configs/base.py"), [override])
+        load_config(os.path.join(ROOT, "configs/sgs.py:testbed"), [override])
 
 
 def test_missing_file_and_resolved_copy(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config("configs/nope.py")
-    cfg = load_config(os.path.join(ROOT, "configs/base.py"))
+    cfg = load_config(os.path.join(ROOT, "configs/sgs.py:testbed"))
     path = save_resolved(cfg, tmp_path)
-    assert '"iterations": 500' in open(path).read()
+    assert '"iterations": 6' in open(path).read()
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))))
@@ -51,3 +51,8 @@ def test_cispo_learning_rate_is_a_third_in_every_preset():
     for preset, expected in (("paper", 1e-6), ("testbed", 1e-4)):
         cfg = load_config(os.path.join(ROOT, f"configs/cispo_sgs.py:{preset}"))
         assert abs(cfg.solver_train.lr - expected) < 1e-12 and cfg.solver_train.batch_size == 64
+
+
+def test_base_without_a_checkpoint_is_rejected():
+    with pytest.raises(ConfigError, match="model.checkpoint"):
+        load_config(os.path.join(ROOT, "configs/base.py"))

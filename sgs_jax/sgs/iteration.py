@@ -1,0 +1,196 @@
+"""One SGS iteration (Algorithm 1, full batch): phases in order, rewards, updates, metrics.
+
+`run_iteration` is the whole of SPEC Section 4 steps 1-10 for one iteration; it mutates
+only the target set (new proofs), the Expert Iteration buffer and the role weights (through
+their trainers), and returns the iteration's metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from sgs_jax import metrics as M
+from sgs_jax.analysis.statements import summarize_statements
+from sgs_jax.rl.batching import SequenceExample
+from sgs_jax.sgs import rewards
+from sgs_jax.sgs.phases import PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase
+from sgs_jax.sgs.roles import Roles
+from sgs_jax.sgs.target_set import TargetSet
+from sgs_jax.sgs.types import CONJECTURE, TARGET, Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationSettings:
+    """The loop's knobs, read once from the config (see configs/base.py for meanings)."""
+
+    seed: int
+    use_conjecturer: bool
+    train_conjecturer: bool
+    condition_on_target: bool
+    use_guide: bool
+    conjectures_per_target: int
+    k: int
+    solver_objective: str
+    token_aware_try: bool
+    solver_max_total_len: int
+    conjecturer_max_new_tokens: int
+    guide_max_new_tokens: int
+    chunk_problems: int
+
+    @classmethod
+    def from_config(cls, cfg) -> "IterationSettings":
+        return cls(
+            seed=cfg.run.seed,
+            use_conjecturer=cfg.sgs.use_conjecturer,
+            train_conjecturer=cfg.sgs.train_conjecturer,
+            condition_on_target=cfg.sgs.condition_on_target,
+            use_guide=cfg.sgs.use_guide,
+            conjectures_per_target=cfg.sgs.conjectures_per_target,
+            k=cfg.sgs.proofs_per_problem,
+            solver_objective=cfg.sgs.solver_objective,
+            token_aware_try=cfg.sgs.token_aware_try,
+            solver_max_total_len=cfg.sampling.solver_max_total_len,
+            conjecturer_max_new_tokens=cfg.sampling.conjecturer_max_new_tokens,
+            guide_max_new_tokens=cfg.sampling.guide_max_new_tokens,
+            # Problems per sampling call: verification of one chunk overlaps the next's sampling.
+            chunk_problems=max(1, 4 * cfg.sampling.max_batch // cfg.sgs.proofs_per_problem),
+        )
+
+
+def _solver_samples(settings: IterationSettings, groups, target_set: TargetSet, ei_buffer) -> list:
+    max_tokens = settings.solver_max_total_len
+    if settings.solver_objective == "reinforce_half":
+        return rewards.reinforce_half_samples(groups, max_tokens, settings.token_aware_try)
+    if settings.solver_objective == "cispo":
+        return rewards.cispo_samples(groups, max_tokens, settings.token_aware_try)
+    stored = {t.id: len(target_set.proofs[t.id]) for t in target_set.targets}
+    ei_buffer.add_iteration(rewards.expert_iteration_samples(groups, stored, max_tokens, settings.token_aware_try))
+    return ei_buffer.samples()
+
+
+def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str) -> dict[str, float]:
+    if trainer is None or not examples:
+        return {f"{prefix}/train_sequences": float(len(examples) if trainer else 0)}
+    steps = trainer.train_epoch(examples, seed=seed)
+    out = {f"{prefix}/train_sequences": float(len(examples)), f"{prefix}/optimizer_steps": float(len(steps))}
+    for key in ("loss", "grad_norm", "clip_fraction", "mean_importance_weight"):
+        values = [s[key] for s in steps if key in s]
+        if values:
+            out[f"{prefix}/{key}"] = float(np.mean(values))
+    return out
+
+
+def run_iteration(
+    iteration: int,
+    ctx: PhaseContext,
+    roles: Roles,
+    target_set: TargetSet,
+    settings: IterationSettings,
+    ei_buffer: rewards.ExpertIterationBuffer,
+) -> dict[str, Any]:
+    """Steps 1-9 of SPEC Section 4 for one iteration. Returns scalar metrics plus
+    'synthetic_solve_rates' (a list, for the histogram) and 'examples' (a few texts)."""
+    start = time.perf_counter()
+    seed = settings.seed
+    out: dict[str, Any] = {}
+    # 1-2: unsolved targets -> conjectures
+    unsolved = target_set.unsolved()
+    conj = None
+    if settings.use_conjecturer and unsolved:
+        conj = conjecture_phase(
+            ctx, roles.conjecturer_model, unsolved, [t.statement for t in target_set.targets],
+            settings.conjectures_per_target, settings.condition_on_target,
+            settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
+        )
+    kept = conj.kept if conj else ()
+    # 3-6: prove every target and every kept conjecture, verify, solve rates
+    problems = [Problem.from_target(t) for t in target_set.targets]
+    problems += [Problem.from_conjecture(c, target_set.by_id[c.target_id].header) for c in kept]
+    proved = prove_phase(
+        ctx, roles.solver.model, problems, settings.k, settings.solver_max_total_len,
+        phase_seed(seed, iteration, "prove"), settings.chunk_problems,
+    )
+    rates = proved.solve_rates()
+    num_targets = len(target_set)
+    newly_solved = 0
+    for problem, group in zip(problems[:num_targets], proved.attempts[:num_targets]):
+        for attempt in group:
+            if attempt.verified:
+                newly_solved += target_set.record_proof(problem.id, attempt.proof)
+    # 7: Conjecturer rewards (p70 rule, Guide scores, product, min-max)
+    conj_rates = rates[num_targets:]
+    conj_examples: list[SequenceExample] = []
+    if conj is not None and kept:
+        threshold = rewards.p70_threshold(conj_rates)
+        keep_idx = [i for i, s in enumerate(conj_rates) if 0.0 < s <= threshold]
+        guide_scores = None
+        if settings.use_guide:
+            pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
+            guided = guide_phase(ctx, roles.guide_model, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
+            guide_scores = [None] * len(kept)
+            for i, score in zip(keep_idx, guided.scores):
+                guide_scores[i] = score
+            parsed = [s for s in guided.scores if s is not None]
+            out[M.GUIDE_PARSE_FAILURES] = float(guided.parse_failures)
+            if parsed:
+                out[M.GUIDE_RELEVANCE] = float(np.mean([s.relevance for s in parsed]))
+                out[M.GUIDE_REDUNDANCY] = float(np.mean([s.redundancy for s in parsed]))
+                out[M.GUIDE_CONCLUSION_COMPLEXITY] = float(np.mean([s.complexity for s in parsed]))
+        conj_rewards = rewards.conjecturer_rewards(conj_rates, guide_scores)
+        conj_samples = rewards.conjecturer_samples(conj.rollouts, conj_rewards, settings.conjecturer_max_new_tokens)
+        conj_examples = [SequenceExample.from_training_sample(conj.prompt_ids[s.rollout.problem_id], s) for s in conj_samples]
+    # 8: Solver data
+    solver_samples = _solver_samples(settings, proved.attempts, target_set, ei_buffer)
+    origin = {p.id: p.origin for p in problems}
+    solver_examples = [
+        SequenceExample.from_training_sample(proved.prompt_ids[s.rollout.problem_id], s)
+        for s in solver_samples
+        if s.rollout.problem_id in proved.prompt_ids
+    ]
+    # 9: updates (one epoch each; a shared model trains on both sets at once)
+    if roles.shared:
+        out.update(_train(roles.solver, solver_examples + conj_examples, seed + iteration, "solver"))
+    else:
+        out.update(_train(roles.solver, solver_examples, seed + iteration, "solver"))
+        if settings.train_conjecturer:
+            out.update(_train(roles.conjecturer, conj_examples, seed + iteration + 1, "conjecturer"))
+    # 10: bookkeeping
+    conj_generated = conj.generated if conj else 0
+    out[M.ITERATION_SOLVE_RATE] = float(np.mean([r > 0 for r in rates[:num_targets]]))
+    out[M.CUMULATIVE_SOLVE_RATE] = target_set.solved_fraction()
+    out["targets/newly_solved"] = float(newly_solved)
+    out["iteration/generations"] = float(conj_generated + settings.k * len(problems))
+    out["iteration/tokens"] = float(proved.tokens + (conj.tokens if conj else 0))
+    out[M.SOLVER_ENTROPY] = float(np.mean(proved.entropies)) if proved.entropies else 0.0
+    out[M.SOLVER_SAMPLES_TARGETS] = float(sum(origin.get(s.rollout.problem_id) == TARGET for s in solver_samples))
+    out[M.SOLVER_SAMPLES_CONJECTURES] = float(sum(origin.get(s.rollout.problem_id) == CONJECTURE for s in solver_samples))
+    out["solver/extraction_failures"] = float(proved.extraction_failures)
+    out["solver/skipped_prompts"] = float(proved.skipped_prompts)
+    total_verified = sum(proved.status_counts.values())
+    out[M.VERIFY_SYSTEM_ERROR_RATE] = proved.status_counts["system_error"] / total_verified if total_verified else 0.0
+    out[M.VERIFY_TIMEOUTS] = float(proved.status_counts["timeout"])
+    out[M.VERIFY_SECONDS] = float(proved.verify_seconds)
+    for status, count in proved.status_counts.items():
+        out[f"verify/{status}"] = float(count)
+    if conj is not None:
+        out[M.CONJECTURE_MALFORMED] = float(conj.malformed)
+        out["conjectures/duplicates"] = float(conj.duplicates)
+        out["conjectures/generated"] = float(conj.generated)
+        out[M.CONJECTURE_KEPT] = float(len(conj_examples))
+        shape = summarize_statements([c.statement for c in kept])
+        if shape.parsed:
+            out[M.CONJECTURE_DISJUNCTIVE_FRACTION] = shape.disjunctive_fraction
+            out[M.CONJECTURE_MEAN_CONCLUSION_LENGTH] = shape.mean_conclusion_length
+            out[M.CONJECTURE_MEAN_CLAUSES] = shape.mean_clauses
+    out["synthetic_solve_rates"] = list(conj_rates)
+    out["examples"] = {
+        "conjectures": [c.statement for c in kept[:4]],
+        "proofs": [a.proof for g in proved.attempts for a in g if a.verified][:4],
+    }
+    out["iteration/seconds"] = time.perf_counter() - start
+    return out
+

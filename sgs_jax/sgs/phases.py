@@ -1,0 +1,272 @@
+"""The phases of one SGS iteration (SPEC Section 4): conjecture, prove + verify, guide.
+
+Each phase samples with a role's current weights through the shared `Sampler`, turns model
+text into typed results with the pure extraction and reward functions, and never raises
+on model garbage: malformed outputs are counted and dropped. Verification is submitted
+chunk by chunk while the next chunk is still being sampled, so Lean runs on the host CPUs
+while the devices generate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Any, Sequence
+
+import numpy as np
+
+from sgs_jax.models.tokenizer import encode_chat
+from sgs_jax.sampling import Completion, Sampler, SamplingParams
+from sgs_jax.sgs import extraction, prompts
+from sgs_jax.sgs.types import Attempt, ChatMessage, Conjecture, GuideScores, Problem, Rollout, Target
+from sgs_jax.sgs.rewards import parse_guide_reply
+from sgs_jax.verify import Status, Verifier, VerifyRequest
+
+
+@dataclasses.dataclass
+class PhaseContext:
+    """What every phase needs: the shared sampler, tokenizer, verifier and settings."""
+
+    sampler: Sampler
+    tokenizer: Any
+    verifier: Verifier
+    templates: prompts.PromptTemplates
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+def phase_seed(seed: int, iteration: int, phase: str) -> int:
+    """A distinct, reproducible sampling seed per (run seed, iteration, phase)."""
+    return (seed * 1_000_003 + iteration * 7919 + zlib.crc32(phase.encode())) % (2**31 - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+    """Prompts that could be sampled, with their token ids and completions.
+
+    indices[i]: position in the caller's list of the i-th sampled prompt (prompts that do
+    not fit the length cap are skipped and counted in `skipped`).
+    """
+
+    indices: tuple[int, ...]
+    prompt_ids: tuple[tuple[int, ...], ...]
+    completions: tuple[tuple[Completion, ...], ...]
+    skipped: int
+
+
+def sample_messages(
+    ctx: PhaseContext,
+    model,
+    messages: Sequence[Sequence[ChatMessage]],
+    num_samples: int,
+    max_new_tokens: int,
+    max_total_len: int | None,
+    seed: int,
+) -> Sampled:
+    """Encode chat prompts, drop those that cannot fit, and sample `num_samples` each.
+
+    max_total_len: cap on prompt + generation (the Solver's); None caps generation alone
+    (`max_new_tokens` after the longest prompt).
+    """
+    encoded = [encode_chat(ctx.tokenizer, [m.as_dict() for m in msgs]) for msgs in messages]
+    if max_total_len is None:
+        max_total_len = max_new_tokens + max((len(e) for e in encoded), default=1)
+    params = SamplingParams(
+        temperature=ctx.temperature,
+        top_p=ctx.top_p,
+        top_k=ctx.top_k,
+        max_new_tokens=max_new_tokens,
+        max_total_len=max_total_len,
+        num_samples=num_samples,
+        seed=seed,
+    )
+    problems = ctx.sampler.validate_prompts(encoded, params)
+    indices = tuple(i for i in range(len(encoded)) if i not in problems)
+    ids = tuple(tuple(encoded[i]) for i in indices)
+    completions = ctx.sampler.generate(model, [list(p) for p in ids], params, tokenizer=ctx.tokenizer) if ids else []
+    return Sampled(indices, ids, tuple(tuple(c) for c in completions), len(problems))
+
+
+def to_rollout(problem_id: str, completion: Completion) -> Rollout:
+    return Rollout(
+        problem_id=problem_id,
+        token_ids=completion.token_ids,
+        text=completion.text or "",
+        logprobs=completion.logprobs,
+        num_generated_tokens=len(completion.token_ids),
+        finish_reason=completion.finish_reason,
+    )
+
+
+# ---- conjecture ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ConjecturePhase:
+    """kept: conjectures after extraction and dedup; rollouts[i] produced kept[i].
+    prompt_ids: target id -> the Conjecturer prompt's token ids."""
+
+    kept: tuple[Conjecture, ...]
+    rollouts: tuple[Rollout, ...]
+    prompt_ids: dict[str, tuple[int, ...]]
+    generated: int  # Conjecturer samples drawn (malformed ones included)
+    malformed: int
+    duplicates: int
+    skipped_prompts: int
+    tokens: int
+
+
+def conjecture_phase(
+    ctx: PhaseContext,
+    model,
+    targets: Sequence[Target],
+    all_target_statements: Sequence[str],
+    per_target: int,
+    condition_on_target: bool,
+    max_new_tokens: int,
+    seed: int,
+) -> ConjecturePhase:
+    """One (or `per_target`) conjecture per unsolved target; extract, then drop duplicates."""
+    messages = [prompts.conjecturer_messages(t, condition_on_target, ctx.templates) for t in targets]
+    sampled = sample_messages(ctx, model, messages, per_target, max_new_tokens, None, seed)
+    candidates, rollouts, malformed, tokens = [], {}, 0, 0
+    prompt_ids = {}
+    for index, ids, samples in zip(sampled.indices, sampled.prompt_ids, sampled.completions):
+        target = targets[index]
+        prompt_ids[target.id] = ids
+        for completion in samples:
+            tokens += len(completion.token_ids)
+            result = extraction.extract_conjecture(completion.text or "")
+            if not result.ok:
+                malformed += 1
+                continue
+            conjecture = Conjecture.create(target.id, result.text)
+            if conjecture.id not in rollouts:
+                rollouts[conjecture.id] = to_rollout(target.id, completion)
+            candidates.append(conjecture)
+    kept, dropped = extraction.dedup_conjectures(candidates, all_target_statements)
+    generated = sum(len(s) for s in sampled.completions)
+    return ConjecturePhase(
+        kept=kept,
+        rollouts=tuple(rollouts[c.id] for c in kept),
+        prompt_ids=prompt_ids,
+        generated=generated,
+        malformed=malformed,
+        duplicates=len(dropped),
+        skipped_prompts=sampled.skipped,
+        tokens=tokens,
+    )
+
+
+# ---- prove + verify -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ProvePhase:
+    """attempts[i]: the k attempts of problems[i] (empty when its prompt could not fit).
+    prompt_ids: problem id -> Solver prompt token ids. entropies: mean per-token entropy
+    of each sample (nats). status_counts: verification outcomes by status."""
+
+    attempts: tuple[tuple[Attempt, ...], ...]
+    prompt_ids: dict[str, tuple[int, ...]]
+    entropies: tuple[float, ...]
+    status_counts: dict[str, int]
+    extraction_failures: int
+    skipped_prompts: int
+    tokens: int
+    verify_seconds: float
+
+    def solve_rates(self) -> list[float]:
+        """s(x) per problem; 0 for problems that could not be attempted."""
+        return [sum(a.verified for a in group) / len(group) if group else 0.0 for group in self.attempts]
+
+
+def prove_phase(
+    ctx: PhaseContext,
+    model,
+    problems: Sequence[Problem],
+    k: int,
+    max_total_len: int,
+    seed: int,
+    chunk_problems: int,
+) -> ProvePhase:
+    """k proofs per problem, verified as each chunk of problems finishes sampling."""
+    pending: list[tuple[int, Rollout, str | None, Any]] = []  # (problem index, rollout, proof, future)
+    prompt_ids: dict[str, tuple[int, ...]] = {}
+    entropies: list[float] = []
+    skipped = failures = tokens = 0
+    for start in range(0, len(problems), chunk_problems):
+        chunk = problems[start : start + chunk_problems]
+        messages = [prompts.solver_messages(p, ctx.templates) for p in chunk]
+        # The cap is on prompt + generation; `max_new_tokens` never binds before it.
+        sampled = sample_messages(ctx, model, messages, k, max_total_len, max_total_len, seed + start)
+        skipped += sampled.skipped
+        for local, ids, samples in zip(sampled.indices, sampled.prompt_ids, sampled.completions):
+            problem = chunk[local]
+            prompt_ids[problem.id] = ids
+            for completion in samples:
+                tokens += len(completion.token_ids)
+                if completion.entropies:
+                    entropies.append(float(np.mean(completion.entropies)))
+                rollout = to_rollout(problem.id, completion)
+                result = extraction.extract_proof(completion.text or "")
+                future = None
+                if result.ok:
+                    future = ctx.verifier.submit(VerifyRequest(problem.header, problem.statement, result.text))
+                else:
+                    failures += 1
+                pending.append((start + local, rollout, result.text, future))
+    groups: list[list[Attempt]] = [[] for _ in problems]
+    counts: dict[str, int] = {s.value: 0 for s in Status}
+    verify_seconds = 0.0
+    for index, rollout, proof, future in pending:
+        verified = False
+        if future is not None:
+            verdict = future.result()
+            counts[verdict.status.value] += 1
+            verify_seconds += verdict.time_s
+            verified = verdict.verified
+        groups[index].append(Attempt(rollout, proof, verified))
+    return ProvePhase(
+        attempts=tuple(tuple(g) for g in groups),
+        prompt_ids=prompt_ids,
+        entropies=tuple(entropies),
+        status_counts=counts,
+        extraction_failures=failures,
+        skipped_prompts=skipped,
+        tokens=tokens,
+        verify_seconds=verify_seconds,
+    )
+
+
+# ---- guide --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GuidePhase:
+    """scores[i]: parsed rubric scores of pair i, None when the reply was unparsable."""
+
+    scores: tuple[GuideScores | None, ...]
+    parse_failures: int
+    tokens: int
+
+
+def guide_phase(
+    ctx: PhaseContext,
+    model,
+    pairs: Sequence[tuple[str, str]],
+    max_new_tokens: int,
+    seed: int,
+) -> GuidePhase:
+    """Score (target statement, conjecture statement) pairs with the frozen Guide."""
+    if not pairs:
+        return GuidePhase((), 0, 0)
+    messages = [prompts.guide_messages(target, conj, ctx.templates) for target, conj in pairs]
+    sampled = sample_messages(ctx, model, messages, 1, max_new_tokens, None, seed)
+    scores: list[GuideScores | None] = [None] * len(pairs)
+    tokens = 0
+    for index, samples in zip(sampled.indices, sampled.completions):
+        tokens += len(samples[0].token_ids)
+        scores[index] = parse_guide_reply(samples[0].text or "")
+    return GuidePhase(tuple(scores), sum(s is None for s in scores), tokens)

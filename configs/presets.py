@@ -15,7 +15,7 @@ PRESETS = ("testbed", "paper")
 def testbed(c: ConfigDict) -> None:
     from sgs_jax.sgs.testbed_pretrain import MODELS_DIR, TEMPLATES_DIR
 
-    c.run.iterations = 6
+    c.run.iterations = 10
     c.targets.source = "testbed"
     c.targets.limit = 96
     # The packaged stand-ins for the prover and the Guide (python -m sgs_jax.sgs.testbed_pretrain).
@@ -23,7 +23,7 @@ def testbed(c: ConfigDict) -> None:
     c.model.guide_checkpoint = str(MODELS_DIR / "guide")
     c.sampling.solver_max_total_len = 320
     c.sampling.conjecturer_max_new_tokens = 96
-    c.sampling.guide_max_new_tokens = 96
+    c.sampling.guide_max_new_tokens = 128
     c.sampling.max_batch = 128
     c.verify.backend = "prop"
     # Short Conjecturer and Guide prompts (the ones the testbed models were trained on): the

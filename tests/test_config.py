@@ -31,7 +31,7 @@ def test_missing_file_and_resolved_copy(tmp_path):
         load_config("configs/nope.py")
     cfg = load_config(os.path.join(ROOT, "configs/sgs.py:testbed"))
     path = save_resolved(cfg, tmp_path)
-    assert '"iterations": 6' in open(path).read()
+    assert '"iterations": 10' in open(path).read()
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))))

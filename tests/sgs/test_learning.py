@@ -1,0 +1,47 @@
+"""The SGS loop really learns: two iterations on the testbed raise the Solver's pass rate.
+
+Starts from the packaged testbed base and Guide models, runs the real loop (Conjecturer,
+Solver, Guide, `prop` verification, REINFORCE½ and Conjecturer updates) on easy targets,
+and compares the Solver's verified fraction on those targets before and after, measured
+with the same sampling seed.
+"""
+
+import os
+
+import pytest
+
+from sgs_jax.config import load_config
+from sgs_jax.sgs.phases import prove_phase
+from sgs_jax.sgs.run import SGSRun
+from sgs_jax.sgs.testbed_pretrain import MODELS_DIR
+from sgs_jax.sgs.types import Problem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+pytestmark = pytest.mark.skipif(
+    not (MODELS_DIR / "base" / "config.json").exists(), reason="packaged testbed models not built"
+)
+
+
+def _verified_fraction(run: SGSRun, seed: int) -> float:
+    problems = [Problem.from_target(t) for t in run.target_set.targets]
+    proved = prove_phase(run.ctx, run.roles.solver.model, problems, k=8,
+                         max_total_len=run.settings.solver_max_total_len, seed=seed, chunk_problems=len(problems))
+    attempts = [a for group in proved.attempts for a in group]
+    return sum(a.verified for a in attempts) / len(attempts)
+
+
+def test_two_iterations_raise_the_solver_pass_rate(tmp_path):
+    cfg = load_config(
+        os.path.join(ROOT, "configs/sgs.py:testbed"),
+        [f"run.workdir={str(tmp_path)!r}", "targets.limit=24", "run.iterations=2", "sampling.max_batch=64"],
+    )
+    run = SGSRun(cfg)
+    try:
+        before = _verified_fraction(run, seed=123)
+        run.run()
+        after = _verified_fraction(run, seed=123)
+    finally:
+        run.close()
+    print(f"verified fraction before {before:.3f}, after {after:.3f}")
+    assert after > before + 0.05

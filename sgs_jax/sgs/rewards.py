@@ -268,6 +268,10 @@ class ExpertIterationBuffer:
         """Append one iteration's samples; the oldest iteration falls out past `window`."""
         self._iterations.append(tuple(samples))
 
+    def by_iteration(self) -> list[tuple[TrainingSample, ...]]:
+        """The buffered iterations' samples, oldest first (for checkpoints)."""
+        return list(self._iterations)
+
     def samples(self) -> list[TrainingSample]:
         """All buffered samples, oldest iteration first."""
         return [s for iteration in self._iterations for s in iteration]

@@ -92,7 +92,7 @@ class SGSRun:
             "generations": self.generations,
             "tokens": self.tokens,
             "target_set": self.target_set.to_json(),
-            "ei_buffer": [[_sample_to_json(s) for s in it] for it in self.ei_buffer._iterations],
+            "ei_buffer": [[_sample_to_json(s) for s in it] for it in self.ei_buffer.by_iteration()],
         }
 
     def _resume(self) -> None:

@@ -56,6 +56,16 @@ def _config(models, workdir, experiment, *extra):
     return load_config(os.path.join(ROOT, f"configs/{experiment}.py:testbed"), overrides)
 
 
+def _run(cfg, iterations):
+    """SGSRun(cfg).run(iterations), always closing the run; returns (summary, resumed-from iteration)."""
+    run = SGSRun(cfg)
+    try:
+        start = run.iteration
+        return run.run(iterations=iterations), start
+    finally:
+        run.close()
+
+
 def _metrics(workdir):
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     return [r for r in rows if "scalars" in r]
@@ -63,11 +73,7 @@ def _metrics(workdir):
 
 def test_iterations_checkpoint_and_resume(tmp_path, make_config):
     cfg = make_config(tmp_path / "run")
-    run = SGSRun(cfg)
-    try:
-        summary = run.run(iterations=1)
-    finally:
-        run.close()
+    summary, _ = _run(cfg, 1)
     assert summary["iterations"] == 1
     scalars = _metrics(tmp_path / "run")[-1]["scalars"]
     # Generation counter (SPEC 4.10): every Conjecturer sample + k x (targets + kept conjectures).
@@ -80,13 +86,9 @@ def test_iterations_checkpoint_and_resume(tmp_path, make_config):
         assert os.path.exists(tmp_path / "run" / name), name
 
     # A second process with the same config resumes after iteration 1.
-    resumed = SGSRun(cfg)
-    try:
-        assert resumed.iteration == 1 and resumed.generations == int(scalars["generations"])
-        summary = resumed.run(iterations=2)
-    finally:
-        resumed.close()
-    assert summary["iterations"] == 2
+    summary, start = _run(cfg, 2)
+    assert start == 1 and summary["iterations"] == 2
+    assert summary["generations"] > int(scalars["generations"])
     steps = [r["step"] for r in _metrics(tmp_path / "run")]
     assert steps[-1] == 2
 
@@ -94,11 +96,7 @@ def test_iterations_checkpoint_and_resume(tmp_path, make_config):
 @pytest.mark.parametrize("experiment", ["rl_baseline", "ei_solver_only", "cispo_sgs"])
 def test_ablations_run_one_iteration(tmp_path, make_config, experiment):
     cfg = make_config(tmp_path / experiment, experiment)
-    run = SGSRun(cfg)
-    try:
-        summary = run.run(iterations=1)
-    finally:
-        run.close()
+    summary, _ = _run(cfg, 1)
     assert summary["iterations"] == 1
     scalars = _metrics(tmp_path / experiment)[-1]["scalars"]
     if not cfg.sgs.use_conjecturer:

@@ -16,6 +16,7 @@ import re
 from typing import Iterable, Sequence
 
 from sgs_jax.sgs.types import Conjecture
+from sgs_jax.verify.rules import scan_comments
 
 FENCE = "```"
 LEAN_FENCE = "```lean4"
@@ -67,32 +68,11 @@ def blank_lean_comments(text: str) -> str:
     """`text` with every Lean comment replaced by spaces, keeping length and newlines.
 
     Handles `-- line` comments and nested `/- block -/` comments (doc comments `/--` and
-    `/-!` too). An unterminated block comment blanks to the end. Positions in the result
+    `/-!` too), and skips string and character literals so a `--` inside a string is not a
+    comment. An unterminated block comment blanks to the end. Positions in the result
     index the same characters as in `text`.
     """
-    out = list(text)
-    i, n, depth = 0, len(text), 0
-    while i < n:
-        two = text[i : i + 2]
-        if depth == 0 and two == "--":
-            while i < n and text[i] != "\n":
-                out[i] = " "
-                i += 1
-            continue
-        if two == "/-":
-            depth += 1
-            out[i] = out[i + 1] = " "
-            i += 2
-            continue
-        if depth > 0 and two == "-/":
-            depth -= 1
-            out[i] = out[i + 1] = " "
-            i += 2
-            continue
-        if depth > 0 and text[i] != "\n":
-            out[i] = " "
-        i += 1
-    return "".join(out)
+    return scan_comments(text, keep_positions=True)[0]
 
 
 def extract_proof(output: str) -> Extraction:

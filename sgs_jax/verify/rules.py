@@ -81,7 +81,12 @@ class Verdict:
 # ----------------------------------------------------------------------------- comments
 
 
-def scan_comments(text: str, blank_strings: bool = False) -> tuple[str, bool]:
+def _blank(segment: str) -> str:
+    """Spaces in place of every character but newlines (same length, same lines)."""
+    return re.sub(r"[^\n]", " ", segment)
+
+
+def scan_comments(text: str, blank_strings: bool = False, keep_positions: bool = False) -> tuple[str, bool]:
     """Remove Lean comments from `text`.
 
     Line comments (`--` to end of line) and block comments (`/- ... -/`, nested, including
@@ -89,6 +94,10 @@ def scan_comments(text: str, blank_strings: bool = False) -> tuple[str, bool]:
     comment are kept so line numbers survive. String (`"..."`) and character (`'x'`)
     literals are copied verbatim, or replaced by `""` / `' '` when `blank_strings` is set
     (for keyword scans that must not look inside strings).
+
+    keep_positions: replace comments (and blanked literals) by spaces of the same length
+    instead, so every index of the result points at the same character of `text`; an
+    unterminated block comment then blanks to the end.
 
     Returns (text without comments, unterminated) where `unterminated` is True when a
     block comment or string literal never closes (it would swallow whatever follows).
@@ -99,8 +108,9 @@ def scan_comments(text: str, blank_strings: bool = False) -> tuple[str, bool]:
         ch = text[i]
         if text.startswith("--", i):
             end = text.find("\n", i)
-            out.append(" ")
-            i = n if end < 0 else end
+            end = n if end < 0 else end
+            out.append(_blank(text[i:end]) if keep_positions else " ")
+            i = end
         elif text.startswith("/-", i):
             depth, j = 1, i + 2
             while j < n and depth:
@@ -110,7 +120,7 @@ def scan_comments(text: str, blank_strings: bool = False) -> tuple[str, bool]:
                     depth, j = depth - 1, j + 2
                 else:
                     j += 1
-            out.append(" " + "\n" * text.count("\n", i, j))
+            out.append(_blank(text[i:j]) if keep_positions else " " + "\n" * text.count("\n", i, j))
             if depth:
                 return "".join(out), True
             i = j
@@ -119,15 +129,21 @@ def scan_comments(text: str, blank_strings: bool = False) -> tuple[str, bool]:
             while j < n and text[j] != '"':
                 j += 2 if text[j] == "\\" else 1
             if j >= n:
-                out.append('""' if blank_strings else text[i:])
+                out.append('""' if blank_strings and not keep_positions else text[i:])
                 return "".join(out), True
-            out.append('""' if blank_strings else text[i : j + 1])
+            literal = text[i : j + 1]
+            if blank_strings:
+                literal = '"' + _blank(literal[1:-1]) + '"' if keep_positions else '""'
+            out.append(literal)
             i = j + 1
         elif ch == "'" and (i == 0 or not re.match(r"[\w'!?.]", text[i - 1])):
             # A char literal 'x' or '\n'; otherwise a prime that is part of a name.
             m = re.match(r"'(?:\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|.)|[^\\'\n])'", text[i:])
             if m:
-                out.append("' '" if blank_strings else m.group(0))
+                literal = m.group(0)
+                if blank_strings:
+                    literal = "'" + _blank(literal[1:-1]) + "'" if keep_positions else "' '"
+                out.append(literal)
                 i += m.end()
             else:
                 out.append(ch)

@@ -184,3 +184,14 @@ def test_every_d3k_statement_round_trips(d3k_path):
         conjecture = extract_conjecture(f"Idea.\n```lean4\n{statement} sorry\n```")
         assert statement_key(conjecture.text or "") == statement_key(statement), (entry["id"], conjecture)
     assert commented == 48
+
+
+def test_blank_lean_comments_keeps_positions_and_skips_strings():
+    from sgs_jax.sgs.extraction import blank_lean_comments
+
+    text = 'theorem t : s = "a--b" := by -- note\n  /- x\n -/ rfl'
+    blanked = blank_lean_comments(text)
+    assert len(blanked) == len(text) and blanked.count("\n") == text.count("\n")
+    assert '"a--b"' in blanked and "note" not in blanked and "x" not in blanked.split("\n")[1]
+    assert blanked.rstrip().endswith("rfl")
+    assert blank_lean_comments("a /- never closed\nb") == "a " + " " * 15 + "\n "

@@ -10,50 +10,19 @@ import os
 import pytest
 
 from sgs_jax.config import load_config
-from sgs_jax.models import ModelConfig, create_model, save_hf
 from sgs_jax.sgs.run import SGSRun
-from sgs_jax.testbed.model_configs import llama_config
-from sgs_jax.testbed.tokenizer import load_tokenizer
+from tests.sgs.run_support import small_run_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """Random nano base and Guide checkpoints in HF format."""
-    root = tmp_path_factory.mktemp("models")
-    config = ModelConfig.from_hf_dict(llama_config("nano", 1024))
-    for seed, name in ((0, "base"), (1, "guide")):
-        save_hf(create_model(config, seed=seed), root / name, tokenizer=load_tokenizer())
-    return root
-
-
 @pytest.fixture
-def make_config(checkpoints):
-    def make(workdir, experiment="sgs", *extra):
-        return _config(checkpoints, workdir, experiment, *extra)
+def make_config(random_checkpoints):
+    def make(workdir, experiment="sgs"):
+        path = os.path.join(ROOT, f"configs/{experiment}.py:testbed")
+        return load_config(path, small_run_overrides(random_checkpoints, workdir))
 
     return make
-
-
-def _config(models, workdir, experiment, *extra):
-    overrides = [
-        f"run.workdir={str(workdir)!r}",
-        f"model.checkpoint={str(models / 'base')!r}",
-        f"model.guide_checkpoint={str(models / 'guide')!r}",
-        "targets.limit=6",
-        "sgs.proofs_per_problem=2",
-        "sampling.solver_max_total_len=192",
-        "sampling.conjecturer_max_new_tokens=48",
-        "sampling.guide_max_new_tokens=48",
-        "sampling.max_batch=16",
-        "solver_train.batch_size=16",
-        "solver_train.micro_batch_size=16",
-        "conjecturer_train.batch_size=16",
-        "conjecturer_train.micro_batch_size=16",
-        *extra,
-    ]
-    return load_config(os.path.join(ROOT, f"configs/{experiment}.py:testbed"), overrides)
 
 
 def _run(cfg, iterations):

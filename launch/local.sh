@@ -29,8 +29,11 @@ case "$cmd" in
     exit $rc
     ;;
   sgs)
-    config=${1:-configs/sgs.py:testbed}
-    shift || true
+    config=configs/sgs.py:testbed
+    if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is not a flag names the config
+      config=$1
+      shift
+    fi
     # Remaining arguments go to sgs-train, e.g. --set run.iterations=3
     exec "$VENV/bin/sgs-train" --config "$config" "$@"
     ;;

@@ -55,9 +55,9 @@ class SGSRun:
         self.ei_buffer = ExpertIterationBuffer(cfg.sgs.ei_buffer_iterations)
         self.checkpointer = RunCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.run.keep_checkpoints)
         self.metrics = M.MetricsWriter(self.workdir)
-        backend = make_backend(cfg.verify.backend, **cfg.verify.options.to_dict())
-        cache = ResultCache(os.path.join(self.workdir, "verify_cache.jsonl"))
-        self.verifier = CachingVerifier(backend, cache) if cfg.verify.cache else backend
+        self.verifier = make_backend(cfg.verify.backend, **cfg.verify.options.to_dict())
+        if cfg.verify.cache:
+            self.verifier = CachingVerifier(self.verifier, ResultCache(os.path.join(self.workdir, "verify_cache.jsonl")))
         self.iteration = 0
         self.generations = 0
         self.tokens = 0

@@ -53,7 +53,7 @@ class PretrainSettings:
     max_len: int = 320
     records: int = 1024
     guide_rows: int = 1024
-    base_epochs: int = 30
+    base_epochs: int = 24
     guide_epochs: int = 6
     lr: float = 2e-3
     batch_size: int = 32

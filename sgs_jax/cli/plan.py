@@ -1,6 +1,7 @@
 """`sgs-plan`: print the per-device memory plan of a model on a mesh (no allocation).
 
   sgs-plan --preset deepseek-prover-v2-7b --data 1 --fsdp 8 --tensor 1 --seq-len 8192
+  sgs-plan --param-dtype float32 --fsdp 8      # the paper preset: fp32 master weights, bf16 compute
   sgs-plan --checkpoint /path/to/hf_checkpoint --fsdp 16 --tensor 4
 """
 
@@ -18,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default="deepseek-prover-v2-7b", choices=sorted(PRESETS), help="model preset")
     src.add_argument("--checkpoint", help="Hugging Face checkpoint directory (reads config.json only)")
-    p.add_argument("--dtype", default="bfloat16", help="parameter and compute dtype")
+    p.add_argument("--dtype", default="bfloat16", help="compute dtype (activations, KV cache)")
+    p.add_argument("--param-dtype", help="stored parameter dtype (default: --dtype; float32 = fp32 master weights)")
     p.add_argument("--data", type=int, default=1, help="data-parallel mesh axis size")
     p.add_argument("--fsdp", type=int, default=8, help="FSDP mesh axis size")
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel mesh axis size")
@@ -35,7 +37,7 @@ def main(argv=None) -> int:
         if getattr(args, name) <= 0:
             print(f"sgs-plan: --{name.replace('_', '-')} must be positive", file=sys.stderr)
             return 2
-    runtime = dict(dtype=args.dtype, param_dtype=args.dtype)
+    runtime = dict(dtype=args.dtype, param_dtype=args.param_dtype or args.dtype)
     config = ModelConfig.from_hf_file(args.checkpoint, **runtime) if args.checkpoint else preset(args.preset, **runtime)
     plan = plan_memory(config, (args.data, args.fsdp, args.tensor), args.micro_batch, args.seq_len, args.sample_batch, not args.frozen)
     print(f"model: {args.checkpoint or args.preset}  mesh: data={args.data} fsdp={args.fsdp} tensor={args.tensor}")

@@ -45,7 +45,9 @@ def paper(c: ConfigDict) -> None:
     # fp32 master weights (as DeepSpeed's bf16 mode keeps): a 3e-6 step mostly vanishes in bf16.
     c.model.param_dtype = "float32"
     c.model.remat_policy = "full"
-    c.sampling.max_batch = 512
+    # 8K-token rows of MHA KV cache are 3.75 GiB each in bf16: 16 per device on 8 H200s
+    # (check with `sgs-plan --param-dtype float32 --sample-batch 128`).
+    c.sampling.max_batch = 128
     c.verify.backend = "lean"
     c.verify.options.timeout_s = 200.0
     c.verify.options.memory_limit_gib = 12.0

@@ -126,6 +126,99 @@ def _finish_metrics(sums: dict[str, float]) -> dict[str, float]:
 _APPLY_METRICS = ("loss", "grad_norm", "update_norm", "param_norm")  # not averaged
 
 
+class TrainPrograms:
+    """The compiled pieces of one (architecture, TrainConfig, mesh), with their shardings.
+
+    Pure functions of pytrees; every `Trainer` with the same three shares one instance
+    (`programs_for`), so a second Trainer of a role, a test or a restarted stage compiles
+    nothing new.
+    """
+
+    def __init__(self, graphdef, abstract_params, config: TrainConfig, mesh: Mesh):
+        self.graphdef, self.config, self.mesh = graphdef, config, mesh
+        self.optimizer = make_optimizer(config.optimizer)
+        self.param_shardings = state_shardings(abstract_params, mesh)
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
+        is_sharding = lambda x: isinstance(x, NamedSharding)  # noqa: E731
+        self.opt_shardings = optax.tree_utils.tree_map_params(
+            self.optimizer, lambda _, s: s, abstract_opt, self.param_shardings,
+            transform_non_params=lambda _: self.replicated, is_leaf=is_sharding,
+        )
+        self.batch_shardings = self._micro_batch_shardings()
+        self.metric_names = self._abstract_metric_names(abstract_params)
+        acc_shardings = (self.param_shardings, {k: self.replicated for k in self.metric_names})
+        self.init_opt = jax.jit(self.optimizer.init, in_shardings=(self.param_shardings,), out_shardings=self.opt_shardings)
+        self.zero_acc = jax.jit(self._zeros, in_shardings=(self.param_shardings,), out_shardings=acc_shardings)
+        self.accumulate = jax.jit(
+            self._accumulate_fn,
+            in_shardings=(self.param_shardings, acc_shardings, self.batch_shardings),
+            out_shardings=acc_shardings,
+            donate_argnums=(1,),
+        )
+        self.apply = jax.jit(
+            self._apply_fn,
+            in_shardings=(self.param_shardings, self.opt_shardings, acc_shardings),
+            out_shardings=(self.param_shardings, self.opt_shardings, {k: self.replicated for k in self.metric_names + _APPLY_METRICS}),
+            donate_argnums=(0, 1),  # the gradient accumulator has no output to alias
+        )
+
+    def _micro_batch_shardings(self) -> MicroBatch:
+        b = self.config.micro_batch_size
+        rows = named_sharding(self.mesh, ("batch", "seq"), (b, 1))
+        vec = named_sharding(self.mesh, ("batch",), (b,))
+        return MicroBatch(rows, rows, rows, rows, rows, vec, vec)
+
+    def _loss(self, params, batch: MicroBatch):
+        with activation_sharding(self.mesh):
+            model = nnx.merge(self.graphdef, params)
+            loss, metrics = micro_batch_loss(model, batch, self.config)
+        return loss, _metric_sums(loss, metrics)
+
+    def _abstract_metric_names(self, abstract_params) -> tuple[str, ...]:
+        b = self.config.micro_batch_size
+        ints = jax.ShapeDtypeStruct((b, 2), jnp.int32)
+        floats = jax.ShapeDtypeStruct((b, 2), jnp.float32)
+        batch = MicroBatch(ints, jax.ShapeDtypeStruct((b, 2), bool), ints, floats, floats,
+                           jax.ShapeDtypeStruct((b,), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.float32))
+        _, sums = jax.eval_shape(self._loss, abstract_params, batch)
+        return tuple(sorted(sums))
+
+    def _zeros(self, params):
+        grads = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        return grads, {k: jnp.zeros((), jnp.float32) for k in self.metric_names}
+
+    def _accumulate_fn(self, params, acc, batch: MicroBatch):
+        grads, sums = jax.grad(self._loss, has_aux=True)(params, batch)
+        grad_acc, metric_acc = acc
+        grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+        return grad_acc, {k: metric_acc[k] + sums[k].astype(jnp.float32) for k in metric_acc}
+
+    def _apply_fn(self, params, opt_state, acc):
+        grads, sums = acc
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        metrics = {
+            **sums,  # passed through: the accumulator is donated
+            "grad_norm": optax.global_norm(grads),  # before clipping
+            "update_norm": optax.global_norm(updates),
+            "param_norm": optax.global_norm(new_params),
+        }
+        return new_params, opt_state, metrics
+
+
+_PROGRAMS: dict[tuple, TrainPrograms] = {}
+
+
+def programs_for(graphdef, params, config: TrainConfig, mesh: Mesh) -> TrainPrograms:
+    """The shared `TrainPrograms` of (graphdef, config, mesh); built on first use."""
+    key = (graphdef, config, mesh)
+    if key not in _PROGRAMS:
+        abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        _PROGRAMS[key] = TrainPrograms(graphdef, abstract, config, mesh)
+    return _PROGRAMS[key]
+
+
 class Trainer:
     """Parameters, fp32 optimiser state and the compiled step of one role.
 
@@ -139,85 +232,16 @@ class Trainer:
         self.model = model
         self.config = config
         self.mesh = mesh if mesh is not None else make_mesh(1, 1, 1, devices=jax.devices()[:1])
-        self._optimizer = make_optimizer(config.optimizer)
-        self._graphdef, params = nnx.split(model)
-        self._param_shardings = state_shardings(params, self.mesh)
-        self._replicated = NamedSharding(self.mesh, PartitionSpec())
-        self.params = jax.device_put(params, self._param_shardings)
+        graphdef, params = nnx.split(model)
+        self.programs = programs_for(graphdef, params, config, self.mesh)
+        self.params = jax.device_put(params, self.programs.param_shardings)
         nnx.update(self.model, self.params)
-        abstract_opt = jax.eval_shape(self._optimizer.init, self.params)
-        is_sharding = lambda x: isinstance(x, NamedSharding)  # noqa: E731
-        self._opt_shardings = optax.tree_utils.tree_map_params(
-            self._optimizer, lambda _, s: s, abstract_opt, self._param_shardings,
-            transform_non_params=lambda _: self._replicated, is_leaf=is_sharding,
-        )
-        self._batch_shardings = self._micro_batch_shardings()
-        self._metric_names = self._abstract_metric_names()
-        acc_shardings = (self._param_shardings, {k: self._replicated for k in self._metric_names})
-        self._init_opt = jax.jit(self._optimizer.init, in_shardings=(self._param_shardings,), out_shardings=self._opt_shardings)
-        self._zero_acc = jax.jit(self._zeros, in_shardings=(self._param_shardings,), out_shardings=acc_shardings)
-        self._accumulate = jax.jit(
-            self._accumulate_fn,
-            in_shardings=(self._param_shardings, acc_shardings, self._batch_shardings),
-            out_shardings=acc_shardings,
-            donate_argnums=(1,),
-        )
-        self._apply = jax.jit(
-            self._apply_fn,
-            in_shardings=(self._param_shardings, self._opt_shardings, acc_shardings),
-            out_shardings=(self._param_shardings, self._opt_shardings, {k: self._replicated for k in self._metric_names + _APPLY_METRICS}),
-            donate_argnums=(0, 1),  # the gradient accumulator has no output to alias
-        )
-        self.opt_state = self._init_opt(self.params)
-
-    # ---- jitted pieces (pure functions of pytrees) ---------------------------------------
-    def _micro_batch_shardings(self) -> MicroBatch:
-        b = self.config.micro_batch_size
-        rows = named_sharding(self.mesh, ("batch", "seq"), (b, 1))
-        vec = named_sharding(self.mesh, ("batch",), (b,))
-        return MicroBatch(rows, rows, rows, rows, rows, vec, vec)
-
-    def _loss(self, params, batch: MicroBatch):
-        with activation_sharding(self.mesh):
-            model = nnx.merge(self._graphdef, params)
-            loss, metrics = micro_batch_loss(model, batch, self.config)
-        return loss, _metric_sums(loss, metrics)
-
-    def _abstract_metric_names(self) -> tuple[str, ...]:
-        b = self.config.micro_batch_size
-        ints = jax.ShapeDtypeStruct((b, 2), jnp.int32)
-        floats = jax.ShapeDtypeStruct((b, 2), jnp.float32)
-        batch = MicroBatch(ints, jax.ShapeDtypeStruct((b, 2), bool), ints, floats, floats,
-                           jax.ShapeDtypeStruct((b,), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.float32))
-        _, sums = jax.eval_shape(self._loss, self.params, batch)
-        return tuple(sorted(sums))
-
-    def _zeros(self, params):
-        grads = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        return grads, {k: jnp.zeros((), jnp.float32) for k in self._metric_names}
-
-    def _accumulate_fn(self, params, acc, batch: MicroBatch):
-        grads, sums = jax.grad(self._loss, has_aux=True)(params, batch)
-        grad_acc, metric_acc = acc
-        grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
-        return grad_acc, {k: metric_acc[k] + sums[k].astype(jnp.float32) for k in metric_acc}
-
-    def _apply_fn(self, params, opt_state, acc):
-        grads, sums = acc
-        updates, opt_state = self._optimizer.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        metrics = {
-            **sums,  # passed through: the accumulator is donated
-            "grad_norm": optax.global_norm(grads),  # before clipping
-            "update_norm": optax.global_norm(updates),
-            "param_norm": optax.global_norm(new_params),
-        }
-        return new_params, opt_state, metrics
+        self.opt_state = self.programs.init_opt(self.params)
 
     # ---- host-side API ----------------------------------------------------------------
     def reset_optimizer(self) -> None:
         """A fresh Adam state (step count 0, zero moments), as each SGS iteration starts."""
-        self.opt_state = self._init_opt(self.params)
+        self.opt_state = self.programs.init_opt(self.params)
 
     def micro_batches(self, examples: Sequence[SequenceExample]) -> list[MicroBatch]:
         """The micro-batches one optimiser step over `examples` runs."""
@@ -240,10 +264,10 @@ class Trainer:
         if not examples:
             raise ValueError("an optimiser step needs at least one example")
         batches = self.micro_batches(examples)
-        acc = self._zero_acc(self.params)
+        acc = self.programs.zero_acc(self.params)
         for batch in batches:
-            acc = self._accumulate(self.params, acc, batch)
-        self.params, self.opt_state, sums = self._apply(self.params, self.opt_state, acc)
+            acc = self.programs.accumulate(self.params, acc, batch)
+        self.params, self.opt_state, sums = self.programs.apply(self.params, self.opt_state, acc)
         nnx.update(self.model, self.params)
         metrics = _finish_metrics({k: float(v) for k, v in jax.device_get(sums).items()})
         metrics["num_micro_batches"] = float(len(batches))

@@ -17,8 +17,8 @@ def get_config() -> ConfigDict:
     c.run.seed = 0  # master seed: sampling keys, shuffles
     c.run.iterations = 500  # SGS iterations (Algorithm 1 steps)
     c.run.checkpoint_every = 1  # save model and loop state every N iterations (resume point)
-    c.run.keep_checkpoints = 2  # checkpoints kept on disk
-    c.run.log_examples = 4  # sample conjectures/proofs written to the log per iteration
+    c.run.keep_checkpoints = 2  # newest checkpoints kept on disk (>= 1; an older one is the fallback for a damaged newest)
+    c.run.log_examples = 4  # kept conjectures and verified proofs (each) written to examples.jsonl per iteration (0 = none)
 
     c.targets = ConfigDict()
     c.targets.source = "testbed"  # testbed | file | hub
@@ -99,5 +99,4 @@ def _optimizer_defaults(lr: float, batch_size: int) -> ConfigDict:
     o.clip_norm = 1.0  # global gradient-norm clip
     o.reset_optimizer = True  # fresh optimiser state every iteration
     o.normalization = "batch_tokens"  # batch_tokens (official code) | sequence (paper Eq. 4)
-    o.epochs = 1  # passes over the iteration's data
     return o

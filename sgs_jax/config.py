@@ -2,18 +2,30 @@
 
 A config is named `FILE.py[:PRESET]` (e.g. `configs/sgs.py:testbed`); the file's
 `get_config(preset)` returns an `ml_collections.ConfigDict`. Overrides are `a.b=value`
-strings typed like the default they replace. Bad values fail here, before any work starts.
+strings typed like the default they replace. Bad values fail here, before any work starts:
+`validate` checks every choice, range and path and names the field.
+
+A run records its config as `config.json` in its directory. Resuming with a different
+config is refused (`check_resume` names every differing field) unless each change is
+explicitly allowed and in `SAFE_ON_RESUME`, the fields that change no number the run has
+produced or will produce; an allowed change rewrites `config.json` and is appended to
+`config_changes.jsonl`. These functions take a ConfigDict, whatever parsed the overrides.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import os
-from typing import Any, Sequence
+import re
+import time
+from typing import Any, Mapping, Sequence
 
 from ml_collections import ConfigDict
+
+from sgs_jax import jsonl
 
 _CHOICES = {
     "targets.source": ("testbed", "file", "hub"),
@@ -30,8 +42,18 @@ _POSITIVE = (
     "sampling.conjecturer_max_new_tokens", "sampling.guide_max_new_tokens", "sampling.max_batch",
     "sgs.conjectures_per_target", "sgs.proofs_per_problem", "solver_train.lr", "solver_train.batch_size",
     "solver_train.micro_batch_size", "conjecturer_train.lr", "conjecturer_train.batch_size",
-    "conjecturer_train.micro_batch_size",
+    "conjecturer_train.micro_batch_size", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
 )
+_NON_NEGATIVE = ("targets.limit", "run.log_examples")
+# Fields a resumed run may change with --allow-config-change: they change how long the run
+# goes, how often it saves, what it keeps and how many workers verify, never a result.
+SAFE_ON_RESUME = ("run.iterations", "run.checkpoint_every", "run.keep_checkpoints", "run.log_examples",
+                  "verify.options.workers")
+# Not part of a run's identity: a run directory may be moved.
+_NOT_COMPARED = ("run.workdir",)
+CONFIG_NAME = "config.json"
+CHANGES_NAME = "config_changes.jsonl"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class ConfigError(ValueError):
@@ -88,8 +110,29 @@ def apply_override(cfg: ConfigDict, item: str) -> None:
         raise ConfigError(f"{key}: {err}") from None
 
 
+def _check_checkpoint(key: str, value: str) -> None:
+    """A local HF checkpoint directory (with config.json) or a hub id `org/name`."""
+    if os.path.isdir(value):
+        if not os.path.isfile(os.path.join(value, "config.json")):
+            raise ConfigError(f"{key}: {value!r} is not a Hugging Face checkpoint (no config.json)")
+        return
+    first = value.split("/")[0]
+    if _HUB_ID.match(value) and not os.path.exists(first):
+        return  # a hub id, resolved (or reported) when loaded
+    raise ConfigError(f"{key}: {value!r} does not exist")
+
+
+def _check_file(key: str, value: str) -> None:
+    if not os.path.isfile(value):
+        raise ConfigError(f"{key}: file {value!r} does not exist")
+
+
 def validate(cfg: ConfigDict) -> None:
-    """Raise ConfigError naming the first bad field."""
+    """Raise ConfigError naming the first bad field (choices, ranges, paths, backend)."""
+    from sgs_jax.verify.interface import check_backend_options
+
+    if not str(cfg.run.workdir).strip():
+        raise ConfigError("run.workdir must name the run directory, got an empty string")
     for key, choices in _CHOICES.items():
         value = _get(cfg, key)
         if value not in choices:
@@ -97,6 +140,9 @@ def validate(cfg: ConfigDict) -> None:
     for key in _POSITIVE:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key} must be positive, got {_get(cfg, key)!r}")
+    for key in _NON_NEGATIVE:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {_get(cfg, key)!r}")
     if not 0.0 < cfg.sampling.top_p <= 1.0:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {cfg.sampling.top_p}")
     if cfg.sampling.temperature < 0 or cfg.sampling.top_k < 0:
@@ -105,19 +151,129 @@ def validate(cfg: ConfigDict) -> None:
         raise ConfigError(f"sgs.keep_quantile must be in (0, 1], got {cfg.sgs.keep_quantile}")
     if not cfg.model.checkpoint:
         raise ConfigError("model.checkpoint must name the base prover checkpoint (the testbed preset names the packaged one)")
-    if cfg.sgs.use_guide and not (cfg.model.guide_checkpoint or cfg.guide.sft_data):
-        raise ConfigError("with sgs.use_guide, set model.guide_checkpoint or guide.sft_data")
-    if cfg.targets.source == "file" and not cfg.targets.path:
-        raise ConfigError("targets.path is required when targets.source='file'")
+    _check_checkpoint("model.checkpoint", cfg.model.checkpoint)
+    if cfg.sgs.use_guide:
+        if cfg.model.guide_checkpoint:
+            _check_checkpoint("model.guide_checkpoint", cfg.model.guide_checkpoint)
+        elif cfg.guide.sft_data:
+            _check_file("guide.sft_data", cfg.guide.sft_data)
+        else:
+            raise ConfigError("with sgs.use_guide, set model.guide_checkpoint or guide.sft_data")
+    if cfg.targets.source == "file":
+        if not cfg.targets.path:
+            raise ConfigError("targets.path is required when targets.source='file'")
+        _check_file("targets.path", cfg.targets.path)
+    for role, path in cfg.prompts.items():
+        if path:
+            _check_file(f"prompts.{role}", path)
+    try:
+        check_backend_options(cfg.verify.backend, cfg.verify.options.to_dict())
+    except ValueError as err:
+        raise ConfigError(f"verify.backend / verify.options: {err}") from None
     for role in ("solver_train", "conjecturer_train"):
         if cfg[role].batch_size % cfg[role].micro_batch_size:
             raise ConfigError(f"{role}.batch_size must be a multiple of {role}.micro_batch_size")
 
 
-def save_resolved(cfg: ConfigDict, directory: str | os.PathLike) -> str:
-    """Write the resolved config as JSON next to the run's logs; returns the path."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, "config.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(cfg.to_dict(), f, indent=2, sort_keys=True)
+def _plain(cfg: ConfigDict | Mapping) -> dict:
+    """The config as JSON would give it back (tuples become lists)."""
+    data = cfg.to_dict() if isinstance(cfg, ConfigDict) else dict(cfg)
+    return json.loads(json.dumps(data, sort_keys=True))
+
+
+def flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
+    """{dotted field: value} of a nested mapping (an empty mapping has no fields)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+_ABSENT = "<absent>"
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldChange:
+    """One differing field: its value in the recorded config and in the new one
+    (`_ABSENT` when a side lacks it)."""
+
+    field: str
+    recorded: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.field}: recorded {self.recorded!r}, now {self.new!r}"
+
+
+def config_diff(recorded: Mapping, cfg: ConfigDict | Mapping) -> list[FieldChange]:
+    """Every field whose value differs between a recorded config and `cfg` (sorted;
+    `run.workdir` is not compared)."""
+    old, new = flatten(_plain(recorded)), flatten(_plain(cfg))
+    changes = []
+    for name in sorted(set(old) | set(new)):
+        if name in _NOT_COMPARED:
+            continue
+        a, b = old.get(name, _ABSENT), new.get(name, _ABSENT)
+        if a != b:
+            changes.append(FieldChange(name, a, b))
+    return changes
+
+
+def check_resume(directory: str | os.PathLike, cfg: ConfigDict, allow: Sequence[str] = ()) -> list[FieldChange]:
+    """The changes from the config recorded in `directory` to `cfg` (empty for a new run).
+
+    Raises ConfigError listing every differing field unless each is named in `allow`;
+    `allow` may name only SAFE_ON_RESUME fields. Reads only; writes nothing.
+    """
+    unsafe = [name for name in allow if name not in SAFE_ON_RESUME]
+    if unsafe:
+        raise ConfigError(f"--allow-config-change: {', '.join(unsafe)} cannot change on resume (it changes results); "
+                          f"fields that can: {', '.join(SAFE_ON_RESUME)}")
+    path = os.path.join(directory, CONFIG_NAME)
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path} cannot be read ({err}); it records this run's config") from None
+    changes = config_diff(recorded, cfg)
+    refused = [c for c in changes if c.field not in allow]
+    if refused:
+        lines = "\n".join(f"  {c}" for c in refused)
+        hint = (f"allow it with --allow-config-change {','.join(c.field for c in refused)}"
+                if all(c.field in SAFE_ON_RESUME for c in refused)
+                else "use a new run directory to run a different config")
+        raise ConfigError(f"{directory} holds a run with a different config ({len(refused)} fields differ):\n{lines}\n{hint}")
+    return changes
+
+
+def _write_json(path: str, data: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def record_config(cfg: ConfigDict, directory: str | os.PathLike, changes: Sequence[FieldChange] = (),
+                  **context: Any) -> str:
+    """Record the run's config in `directory`: write config.json when there is none, or
+    rewrite it for allowed `changes` and append them (with `context`, e.g. the iteration
+    they apply from) to config_changes.jsonl. Returns the config path."""
+    path = os.path.join(directory, CONFIG_NAME)
+    if not os.path.exists(path) or changes:
+        _write_json(path, _plain(cfg))
+    if changes:
+        log = jsonl.Appender(os.path.join(directory, CHANGES_NAME))
+        try:
+            log.append({"time": time.time(), **context,
+                        "changes": {c.field: {"recorded": c.recorded, "new": c.new} for c in changes}})
+        finally:
+            log.close()
     return path

@@ -2,10 +2,12 @@
 metric names that the training loop writes and `sgs-report` reads.
 
 Each write goes to both sinks and is flushed (and the JSONL line fsync'd) before the
-call returns, so a preempted run loses at most the write in progress. A resumed run
-appends: `metrics.jsonl` is opened for appending and TensorBoard gets a new event file
-in the same folder. Readers resolve a step written twice (before and after a resume)
-by keeping the later write.
+call returns, so a preempted run loses at most the write in progress; a torn last line is
+cut off when the file is next opened (`sgs_jax.jsonl`). `metrics.jsonl` is the record of
+truth. A run resuming after step N opens the writer with `truncate_after=N`: records of
+later steps (written before a kill, then redone) are dropped and the TensorBoard event
+files are rebuilt from the kept records, so every reader sees each step exactly once.
+(Readers still resolve a step written twice by keeping the later write.)
 
 JSONL lines: {"step": int, "time": unix seconds, "scalars": {name: float}} or
 {"step": int, "time": unix seconds, "histogram": name, "values": [float, ...]}.
@@ -13,7 +15,6 @@ JSONL lines: {"step": int, "time": unix seconds, "scalars": {name: float}} or
 
 from __future__ import annotations
 
-import json
 import numbers
 import os
 import pathlib
@@ -23,6 +24,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from sgs_jax import jsonl
 
 # --- Canonical metric names (SPEC Section 9). Scalars unless marked histogram. ---
 GENERATIONS = "generations"  # cumulative generation count (SPEC 4.10)
@@ -54,6 +57,7 @@ VERIFY_SECONDS = "verify/seconds"  # wall-clock seconds spent verifying this ite
 GENERATIONS_PER_SECOND = "throughput/generations_per_second"
 
 JSONL_NAME = "metrics.jsonl"
+EVENT_FILE_PREFIX = "events.out.tfevents."
 EXACT_HISTOGRAM_MAX_DISTINCT = 64  # up to this many distinct values, one bucket each
 HISTOGRAM_BINS = 30  # otherwise, equal-width bins
 
@@ -84,19 +88,66 @@ def _checked_step(step) -> int:
     return int(step)
 
 
+def _scalar_event(step: int, wall_time: float, scalars: Mapping[str, float]):
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()])
+    return event_pb2.Event(wall_time=wall_time, step=step, summary=summary)
+
+
+def _histogram_event(step: int, wall_time: float, name: str, v: np.ndarray):
+    limits, counts = histogram_buckets(v)
+    histo = summary_pb2.HistogramProto(
+        min=float(v.min()) if v.size else 0.0, max=float(v.max()) if v.size else 0.0,
+        num=float(v.size), sum=float(v.sum()), sum_squares=float(np.dot(v, v)),
+        bucket_limit=limits.tolist(), bucket=counts.tolist())
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=name, histo=histo)])
+    return event_pb2.Event(wall_time=wall_time, step=step, summary=summary)
+
+
+def _record_event(record: dict):
+    """The TensorBoard event of one JSONL record (None when the record is malformed)."""
+    try:
+        step, wall_time = _checked_step(record["step"]), float(record["time"])
+        if "scalars" in record:
+            return _scalar_event(step, wall_time, {str(k): float(v) for k, v in record["scalars"].items()})
+        return _histogram_event(step, wall_time, str(record["histogram"]), np.asarray(record["values"], dtype=np.float64))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 class MetricsWriter:
     """Writes scalars and histograms of one run to `run_dir` (TensorBoard + JSONL).
 
     Usage: `w = MetricsWriter(run_dir); w.write_scalars(step, {...}); w.close()`, or as
     a context manager. Invalid input raises ValueError before anything is written.
+
+    truncate_after: None appends to what is there. An int N (a run resuming after step
+    N; -1 for a run starting over) first drops every record of a step > N and rebuilds
+    the TensorBoard event files from the records kept.
     """
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, truncate_after: int | None = None):
         self.run_dir = pathlib.Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.run_dir / JSONL_NAME, "a", encoding="utf-8")
+        path = self.run_dir / JSONL_NAME
+        if truncate_after is not None:
+            jsonl.truncate_records(path, lambda r: isinstance(r.get("step"), int) and r["step"] <= truncate_after)
+            self._rebuild_events(jsonl.read_records(path)[0])
+        self._jsonl = jsonl.Appender(path, sync=True)
         self._events = EventFileWriter(str(self.run_dir))
         self._closed = False
+
+    def _rebuild_events(self, records: list[dict]) -> None:
+        """Replace this folder's event files by one holding exactly `records`."""
+        for old in self.run_dir.glob(EVENT_FILE_PREFIX + "*"):
+            old.unlink()
+        if not records:
+            return
+        writer = EventFileWriter(str(self.run_dir))
+        for record in records:
+            event = _record_event(record)
+            if event is not None:
+                writer.add_event(event)
+        writer.close()
 
     def __enter__(self) -> "MetricsWriter":
         return self
@@ -117,9 +168,7 @@ class MetricsWriter:
                 raise ValueError(f"metric {name!r} must be a real number, got {value!r}")
             clean[name] = float(value)
         now = time.time()
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in clean.items()])
-        self._write({"step": step, "time": now, "scalars": clean},
-                    event_pb2.Event(wall_time=now, step=step, summary=summary))
+        self._write({"step": step, "time": now, "scalars": clean}, _scalar_event(step, now, clean))
 
     def write_histogram(self, step: int, name: str, values: Sequence[float] | np.ndarray) -> None:
         """Record the distribution of `values` (1-D, finite; may be empty) at `step`."""
@@ -132,22 +181,14 @@ class MetricsWriter:
             raise ValueError(f"histogram {name!r} values must be numbers: {err}") from err
         if v.ndim != 1 or not np.all(np.isfinite(v)):
             raise ValueError(f"histogram {name!r} values must be a finite 1-D sequence")
-        limits, counts = histogram_buckets(v)
         now = time.time()
-        histo = summary_pb2.HistogramProto(
-            min=float(v.min()) if v.size else 0.0, max=float(v.max()) if v.size else 0.0,
-            num=float(v.size), sum=float(v.sum()), sum_squares=float(np.dot(v, v)),
-            bucket_limit=limits.tolist(), bucket=counts.tolist())
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=name, histo=histo)])
         self._write({"step": step, "time": now, "histogram": name, "values": v.tolist()},
-                    event_pb2.Event(wall_time=now, step=step, summary=summary))
+                    _histogram_event(step, now, name, v))
 
     def _write(self, record: dict, event) -> None:
         if self._closed:
             raise ValueError("MetricsWriter is closed")
-        self._jsonl.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._jsonl.flush()
-        os.fsync(self._jsonl.fileno())  # a preempted run keeps every completed write
+        self._jsonl.append(record)  # fsync'd: a preempted run keeps every completed write
         self._events.add_event(event)
         self._events.flush()
 

@@ -1,37 +1,100 @@
-"""Configs: every experiment file and preset loads and validates; bad values fail clearly."""
+"""Configs: every experiment file and preset loads and validates; bad values fail clearly;
+a run directory's recorded config is compared, never silently overwritten."""
 
 import glob
+import json
 import os
 
 import pytest
 
-from sgs_jax.config import ConfigError, load_config, save_resolved
+from sgs_jax.config import (SAFE_ON_RESUME, ConfigError, check_resume, config_diff, load_config, record_config,
+                            validate)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTBED = os.path.join(ROOT, "configs/sgs.py:testbed")
 
 
 def test_base_loads_and_overrides():
-    cfg = load_config(os.path.join(ROOT, "configs/sgs.py:testbed"), ["run.iterations=3", "solver_train.lr=1", "verify.options.workers=2"])
+    cfg = load_config(TESTBED, ["run.iterations=3", "solver_train.lr=1", "verify.options.workers=2"])
     assert cfg.run.iterations == 3 and cfg.solver_train.lr == 1.0 and cfg.verify.options.workers == 2
 
 
-@pytest.mark.parametrize(
-    "override,match",
-    [("run.iterations=x", "iterations"), ("nope.x=1", "unknown"), ("run.nope=1", "unknown"), ("sgs.use_guide=1", "use_guide"),
-     ("run.iterations=0", "positive"), ("sgs.solver_objective='ppo'", "one of"), ("sampling.top_p=1.5", "top_p"),
-     ("solver_train.micro_batch_size=5", "multiple"), ("noequals", "key=value")],
-)
-def test_bad_values_fail_with_the_field_name(override, match):
+# Every validation rule: (overrides, text the error must contain; the field's name first).
+BAD = [
+    (["run.iterations=x"], "iterations"),
+    (["nope.x=1"], "unknown"),
+    (["run.nope=1"], "unknown"),
+    (["sgs.use_guide=1"], "use_guide"),
+    (["run.iterations=0"], "positive"),
+    (["sgs.solver_objective='ppo'"], "one of"),
+    (["sampling.top_p=1.5"], "top_p"),
+    (["solver_train.micro_batch_size=5"], "multiple"),
+    (["noequals"], "key=value"),
+    (["run.workdir=''"], "run.workdir"),
+    (["run.workdir='  '"], "run.workdir"),
+    (["run.keep_checkpoints=0"], "run.keep_checkpoints must be positive"),
+    (["run.keep_checkpoints=-1"], "run.keep_checkpoints must be positive"),
+    (["targets.limit=-1"], "targets.limit must be >= 0"),
+    (["run.log_examples=-2"], "run.log_examples must be >= 0"),
+    (["sgs.ei_buffer_iterations=0"], "sgs.ei_buffer_iterations must be positive"),
+    (["model.checkpoint='/no/such/model'"], "model.checkpoint: '/no/such/model' does not exist"),
+    ([f"model.checkpoint={os.path.join(ROOT, 'configs')!r}"], "model.checkpoint: .*not a Hugging Face checkpoint \\(no config.json\\)"),
+    (["model.checkpoint='configs/nope'"], "model.checkpoint: 'configs/nope' does not exist"),  # a path, not a hub id
+    (["model.guide_checkpoint='/no/such/guide'"], "model.guide_checkpoint: '/no/such/guide' does not exist"),
+    (["model.guide_checkpoint=''", "guide.sft_data='/no/such.jsonl'"], "guide.sft_data: file '/no/such.jsonl'"),
+    (["model.guide_checkpoint=''"], "set model.guide_checkpoint or guide.sft_data"),
+    (["prompts.solver='/no/such/solver.txt'"], "prompts.solver: file"),
+    (["prompts.guide='/no/such/guide.txt'"], "prompts.guide: file"),
+    (["targets.source='file'"], "targets.path is required"),
+    (["targets.source='file'", "targets.path='/no/such/targets.json'"], "targets.path: file '/no/such/targets.json'"),
+    (["verify.backend='nope'"], "verify.backend.*unknown verification backend 'nope'"),
+    (["verify.backend='lean'", "verify.options.bogus=1"], "verify.backend / verify.options: backend 'lean' takes no option bogus"),
+    (["verify.backend='remote'"], "verify.options.*needs option url"),
+]
+
+
+@pytest.mark.parametrize("overrides,match", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_values_fail_with_the_field_name(overrides, match):
     with pytest.raises(ConfigError, match=match):
-        load_config(os.path.join(ROOT, "configs/sgs.py:testbed"), [override])
+        load_config(TESTBED, overrides)
 
 
-def test_missing_file_and_resolved_copy(tmp_path):
+@pytest.mark.parametrize("overrides", [
+    ["model.checkpoint='deepseek-ai/DeepSeek-Prover-V2-7B'"],  # a hub id: checked when loaded
+    ["verify.backend='lean'", "verify.options.workers=2", "verify.options.timeout_s=5.0"],
+    ["verify.backend='remote'", "verify.options.url='http://localhost:1'"],
+    ["targets.limit=0", "run.log_examples=0"],
+])
+def test_good_values_pass(overrides):
+    load_config(TESTBED, overrides)
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (["run.keep_checkpoints=0"], "run.keep_checkpoints"),
+    (["model.checkpoint='/no/such/model'"], "model.checkpoint"),
+    (["verify.backend='nope'"], "verify.backend"),
+    (["verify.options.bogus=1"], "verify.options"),  # `prop` takes **options: checked when built, still before any write
+    (["targets.limit=-1"], "targets.limit"),
+])
+def test_cli_bad_config_exits_2_and_creates_nothing(overrides, field, tmp_path, capsys):
+    from sgs_jax.cli import train
+
+    workdir = tmp_path / "run"
+    argv = ["--config", TESTBED, "--workdir", str(workdir)]
+    for item in overrides:
+        argv += ["--set", item]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sgs-train: ") and field in err[0], err
+    assert not workdir.exists()
+
+
+def test_missing_file_and_recorded_copy(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config("configs/nope.py")
-    cfg = load_config(os.path.join(ROOT, "configs/sgs.py:testbed"))
-    path = save_resolved(cfg, tmp_path)
-    assert '"iterations": 10' in open(path).read()
+    cfg = load_config(TESTBED)
+    path = record_config(cfg, tmp_path)
+    assert json.load(open(path))["run"]["iterations"] == 10
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))))
@@ -56,3 +119,66 @@ def test_cispo_learning_rate_is_a_third_in_every_preset():
 def test_base_without_a_checkpoint_is_rejected():
     with pytest.raises(ConfigError, match="model.checkpoint"):
         load_config(os.path.join(ROOT, "configs/base.py"))
+
+
+# ---- the recorded config of a run directory ----------------------------------------------
+def test_resume_with_the_same_config_and_a_moved_directory(tmp_path):
+    cfg = load_config(TESTBED, [f"run.workdir={str(tmp_path / 'a')!r}"])
+    assert check_resume(tmp_path, cfg) == []  # a new run: nothing recorded
+    record_config(cfg, tmp_path)
+    assert check_resume(tmp_path, cfg) == []
+    moved = load_config(TESTBED, [f"run.workdir={str(tmp_path / 'b')!r}"])
+    assert check_resume(tmp_path, moved) == []  # the directory is not part of the run's identity
+
+
+def test_every_differing_field_is_named_and_nothing_is_written(tmp_path):
+    record_config(load_config(TESTBED), tmp_path)
+    before = (tmp_path / "config.json").read_bytes()
+    changed = load_config(TESTBED, ["run.iterations=20", "solver_train.lr=1e-3", "verify.options.workers=3"])
+    with pytest.raises(ConfigError) as err:
+        check_resume(tmp_path, changed)
+    message = str(err.value)
+    for line in ("run.iterations: recorded 10, now 20", "solver_train.lr: recorded 0.0003, now 0.001",
+                 "verify.options.workers: recorded '<absent>', now 3"):
+        assert line in message
+    assert "3 fields differ" in message and "new run directory" in message
+    assert (tmp_path / "config.json").read_bytes() == before
+    with pytest.raises(ConfigError, match="allow it with --allow-config-change run.iterations"):
+        check_resume(tmp_path, load_config(TESTBED, ["run.iterations=20"]))
+
+
+def test_allowed_changes_are_recorded_not_silent(tmp_path):
+    record_config(load_config(TESTBED), tmp_path)
+    longer = load_config(TESTBED, ["run.iterations=20", "run.keep_checkpoints=3"])
+    changes = check_resume(tmp_path, longer, allow=["run.iterations", "run.keep_checkpoints"])
+    assert [str(c) for c in changes] == ["run.iterations: recorded 10, now 20", "run.keep_checkpoints: recorded 2, now 3"]
+    record_config(longer, tmp_path, changes, from_iteration=7)
+    assert json.load(open(tmp_path / "config.json"))["run"]["iterations"] == 20
+    (record,) = [json.loads(line) for line in open(tmp_path / "config_changes.jsonl")]
+    assert record["from_iteration"] == 7
+    assert record["changes"]["run.iterations"] == {"recorded": 10, "new": 20}
+    assert check_resume(tmp_path, longer) == []
+
+
+def test_only_safe_fields_may_be_allowed(tmp_path):
+    record_config(load_config(TESTBED), tmp_path)
+    with pytest.raises(ConfigError, match="solver_train.lr cannot change on resume"):
+        check_resume(tmp_path, load_config(TESTBED, ["solver_train.lr=1e-3"]), allow=["solver_train.lr"])
+    assert "run.iterations" in SAFE_ON_RESUME
+
+
+def test_unreadable_recorded_config_is_an_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"run": {"iter', encoding="utf-8")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        check_resume(tmp_path, load_config(TESTBED))
+
+
+def test_config_diff_sees_added_and_removed_fields():
+    cfg = load_config(TESTBED)
+    recorded = cfg.to_dict()
+    recorded["solver_train"]["epochs"] = 1  # a setting that no longer exists
+    del recorded["run"]["log_examples"]  # one that did not exist yet
+    fields = {c.field: c for c in config_diff(recorded, cfg)}
+    assert set(fields) == {"solver_train.epochs", "run.log_examples"}
+    assert fields["solver_train.epochs"].new == "<absent>" and fields["run.log_examples"].recorded == "<absent>"
+    validate(cfg)

@@ -15,6 +15,7 @@ import numpy as np
 
 from sgs_jax import metrics as M
 from sgs_jax.analysis.statements import summarize_statements
+from sgs_jax.faults import fault_point
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.sgs import rewards
 from sgs_jax.sgs.phases import PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase
@@ -76,6 +77,7 @@ def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str) -> 
     if trainer is None or not examples:
         return {f"{prefix}/train_sequences": float(len(examples) if trainer else 0)}
     steps = trainer.train_epoch(examples, seed=seed)
+    fault_point("training")
     out = {f"{prefix}/train_sequences": float(len(examples)), f"{prefix}/optimizer_steps": float(len(steps))}
     for key in ("loss", "grad_norm", "clip_fraction", "mean_importance_weight"):
         values = [s[key] for s in steps if key in s]
@@ -93,7 +95,7 @@ def run_iteration(
     ei_buffer: rewards.ExpertIterationBuffer,
 ) -> dict[str, Any]:
     """Steps 1-9 of SPEC Section 4 for one iteration. Returns scalar metrics plus
-    'synthetic_solve_rates' (a list, for the histogram) and 'examples' (a few texts)."""
+    'synthetic_solve_rates' (a list, for the histogram) and 'examples' (kept conjectures and verified proofs)."""
     start = time.perf_counter()
     seed = settings.seed
     out: dict[str, Any] = {}
@@ -106,6 +108,7 @@ def run_iteration(
             settings.conjectures_per_target, settings.condition_on_target,
             settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
         )
+        fault_point("sampling")
     kept = conj.kept if conj else ()
     # 3-6: prove every target and every kept conjecture, verify, solve rates
     problems = [Problem.from_target(t) for t in target_set.targets]
@@ -187,9 +190,9 @@ def run_iteration(
             out[M.CONJECTURE_MEAN_CONCLUSION_LENGTH] = shape.mean_conclusion_length
             out[M.CONJECTURE_MEAN_CLAUSES] = shape.mean_clauses
     out["synthetic_solve_rates"] = list(conj_rates)
-    out["examples"] = {
-        "conjectures": [c.statement for c in kept[:4]],
-        "proofs": [a.proof for g in proved.attempts for a in g if a.verified][:4],
+    out["examples"] = {  # the run logs the first run.log_examples of each
+        "conjectures": [c.statement for c in kept],
+        "proofs": [a.proof for g in proved.attempts for a in g if a.verified],
     }
     out["iteration/seconds"] = time.perf_counter() - start
     return out

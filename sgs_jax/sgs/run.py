@@ -1,66 +1,105 @@
 """A whole SGS run: set-up, resume, the iteration loop, metrics and checkpoints.
 
-    run = SGSRun(cfg)          # builds everything the config names; resumes if it can
+    run = SGSRun(cfg)          # validates, builds everything the config names, resumes
     summary = run.run()        # iterations until cfg.run.iterations
 
 The run directory holds `config.json` (the resolved config), `metrics.jsonl` and
-TensorBoard events, `checkpoints/` (role weights + loop state per iteration),
-`targets_state.json` (the target set with every verified proof, D3k format),
+TensorBoard events, `checkpoints/` (role weights + loop state per iteration, verified on
+restore), `targets_state.json` (the target set with every verified proof, D3k format),
 `verify_cache.jsonl` (verdicts, so a resumed run never re-checks a proof) and
-`examples.jsonl` (a few conjectures and proofs per iteration). A run stopped at any point
-resumes from its last completed iteration with the same command.
+`examples.jsonl` (a few conjectures and proofs per iteration).
+
+A run stopped at any point (killed, out of disk, a damaged newest checkpoint) resumes from
+its last good checkpoint with the same command and ends as the uninterrupted run would:
+the checkpoint is the state of record, and at start-up every other file is made to agree
+with it (logs lose the records of steps after it, TensorBoard is rebuilt from the kept
+records, targets_state.json is rewritten from it). Each iteration's logs are written
+before its checkpoint, inside one block that a stop signal does not cut. See docs/runs.md.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
-import numpy as np
 from flax import nnx
 
+from sgs_jax import jsonl
 from sgs_jax import metrics as M
 from sgs_jax.checkpoint import RunCheckpointer
-from sgs_jax.config import save_resolved
-from sgs_jax.parallel import make_mesh, state_shardings
+from sgs_jax.config import ConfigError, check_resume, record_config, validate
+from sgs_jax.faults import fault_point
+from sgs_jax.parallel import make_mesh
 from sgs_jax.sampling import Sampler
 from sgs_jax.sgs import bootstrap
 from sgs_jax.sgs.iteration import IterationSettings, run_iteration
 from sgs_jax.sgs.phases import PhaseContext
 from sgs_jax.sgs.rewards import ExpertIterationBuffer
 from sgs_jax.sgs.roles import Roles, build_roles
+from sgs_jax.sgs.stopping import GracefulStop
 from sgs_jax.sgs.types import Rollout, TrainingSample
 from sgs_jax.verify import make_backend
 from sgs_jax.verify.cache import CachingVerifier, ResultCache
 
 log = logging.getLogger(__name__)
 
+TARGETS_STATE_NAME = "targets_state.json"
+EXAMPLES_NAME = "examples.jsonl"
+CACHE_NAME = "verify_cache.jsonl"
+
 
 class SGSRun:
-    """Owns the roles, the sampler, the verifier, the target set and the run directory."""
+    """Owns the roles, the sampler, the verifier, the target set and the run directory.
 
-    def __init__(self, cfg):
+    cfg: a validated config. allow_config_change: SAFE_ON_RESUME fields that may differ
+    from the run directory's recorded config. stop: the process's GracefulStop (signals
+    then wait for the end-of-iteration commit); None runs without signal handling.
+    Raises ConfigError before creating anything on disk when the config is bad or differs
+    from the recorded one.
+    """
+
+    def __init__(self, cfg, allow_config_change: Sequence[str] = (), stop: GracefulStop | None = None):
         self.cfg = cfg
+        self.stop = stop
+        validate(cfg)
         self.workdir = os.path.abspath(cfg.run.workdir)
-        os.makedirs(self.workdir, exist_ok=True)
-        save_resolved(cfg, self.workdir)
+        config_changes = check_resume(self.workdir, cfg, allow_config_change)
+        self.iteration = 0  # iterations completed (in memory)
+        self._total = cfg.run.iterations
+        self._in_iteration = False
+        self.checkpointed = 0  # iterations completed as of the newest checkpoint
+        self.generations = 0
+        self.tokens = 0
+        self.verifier = self.metrics = self.checkpointer = self._examples = None
+        try:
+            self._build(cfg, config_changes)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, cfg, config_changes) -> None:
+        # Everything that can fail on the config's account, before anything is written.
+        try:
+            verifier = make_backend(cfg.verify.backend, **cfg.verify.options.to_dict())
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"verify.options: {err}") from None
+        self.verifier = verifier
         self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
         self.tokenizer = bootstrap.load_role_tokenizer(cfg)
         self.target_set = bootstrap.load_target_set(cfg)
         self.settings = IterationSettings.from_config(cfg)
         self.ei_buffer = ExpertIterationBuffer(cfg.sgs.ei_buffer_iterations)
-        self.checkpointer = RunCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.run.keep_checkpoints)
-        self.metrics = M.MetricsWriter(self.workdir)
-        self.verifier = make_backend(cfg.verify.backend, **cfg.verify.options.to_dict())
+        templates = bootstrap.load_templates(cfg)
+
+        os.makedirs(self.workdir, exist_ok=True)
+        record_config(cfg, self.workdir)  # a new run's record; an existing one is never overwritten here
         if cfg.verify.cache:
-            self.verifier = CachingVerifier(self.verifier, ResultCache(os.path.join(self.workdir, "verify_cache.jsonl")))
-        self.iteration = 0
-        self.generations = 0
-        self.tokens = 0
+            self.verifier = CachingVerifier(self.verifier, ResultCache(os.path.join(self.workdir, CACHE_NAME)))
+        self.checkpointer = RunCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.run.keep_checkpoints)
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
         self.roles: Roles = build_roles(cfg, base, guide, self.mesh)
         self.sampler = Sampler(base.config, mesh=self.mesh, max_batch=cfg.sampling.max_batch)
@@ -68,13 +107,18 @@ class SGSRun:
             sampler=self.sampler,
             tokenizer=self.tokenizer,
             verifier=self.verifier,
-            templates=bootstrap.load_templates(cfg),
+            templates=templates,
             temperature=cfg.sampling.temperature,
             top_p=cfg.sampling.top_p,
             top_k=cfg.sampling.top_k,
         )
-        self._resume()
-        if self.iteration == 0 and self.checkpointer.latest_step() is None:
+        resumed = self._resume()
+        self._align_side_files(resumed)
+        if config_changes:
+            record_config(cfg, self.workdir, config_changes, from_iteration=self.iteration)
+        if resumed:
+            print(f"[sgs] resumed from iteration {self.iteration} of {cfg.run.iterations} ({self.workdir})", flush=True)
+        else:
             self._log_baseline()
 
     # ---- state --------------------------------------------------------------------------
@@ -95,30 +139,53 @@ class SGSRun:
             "ei_buffer": [[_sample_to_json(s) for s in it] for it in self.ei_buffer.by_iteration()],
         }
 
-    def _resume(self) -> None:
+    def _resume(self) -> bool:
+        """Restore the newest good checkpoint; returns whether there was one."""
         abstract = jax.tree_util.tree_map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._trees()
         )
         restored = self.checkpointer.restore_latest(abstract)
         if restored is None:
-            return
+            return False
         step, trees, meta = restored
         for name, trainer in self.roles.trainable().items():
             trainer.params = trees[name]
             nnx.update(trainer.model, trainer.params)
             if f"{name}_opt" in trees:
                 trainer.opt_state = trees[f"{name}_opt"]
-        self.iteration = int(meta["iteration"])
+        self.iteration = self.checkpointed = int(meta["iteration"])
         self.generations = int(meta["generations"])
         self.tokens = int(meta["tokens"])
         self.target_set = type(self.target_set).from_json(meta["target_set"], self.cfg.targets.max_proofs)
         for samples in meta.get("ei_buffer", []):
             self.ei_buffer.add_iteration([_sample_from_json(s) for s in samples])
         log.info("resumed from checkpoint step %d (iteration %d)", step, self.iteration)
+        return True
+
+    def _align_side_files(self, resumed: bool) -> None:
+        """Make every file beside the checkpoint agree with the restored state: the logs
+        lose the records of later steps (written before a kill, to be redone), and
+        targets_state.json is rewritten from the checkpoint (a kill may have come between
+        the checkpoint and its write)."""
+        last = self.iteration if resumed else -1
+        self.metrics = M.MetricsWriter(self.workdir, truncate_after=last)
+        examples = os.path.join(self.workdir, EXAMPLES_NAME)
+        jsonl.truncate_records(examples, lambda r: isinstance(r.get("iteration"), int) and r["iteration"] <= last)
+        if self.cfg.run.log_examples:
+            self._examples = jsonl.Appender(examples)
+        state = os.path.join(self.workdir, TARGETS_STATE_NAME)
+        if resumed:
+            self.target_set.save(state)
+        elif os.path.exists(state):
+            os.remove(state)
 
     def _save(self) -> None:
+        """Checkpoint, then the side file derived from it."""
         self.checkpointer.save(self.iteration, self._trees(), self._meta())
-        self.target_set.save(os.path.join(self.workdir, "targets_state.json"))
+        self.checkpointed = self.iteration
+        path = os.path.join(self.workdir, TARGETS_STATE_NAME)
+        fault_point("side_files", path)
+        self.target_set.save(path)
 
     def _log_baseline(self) -> None:
         """Step 0: the targets' own statement statistics and the starting solve rate."""
@@ -135,41 +202,62 @@ class SGSRun:
     # ---- loop ---------------------------------------------------------------------------
     def run(self, iterations: int | None = None) -> dict[str, Any]:
         """Run until `iterations` (default cfg.run.iterations) are complete; returns a summary."""
-        total = self.cfg.run.iterations if iterations is None else iterations
+        total = self._total = self.cfg.run.iterations if iterations is None else iterations
         while self.iteration < total:
             it = self.iteration
+            self._in_iteration = True
             start = time.perf_counter()
             result = run_iteration(it, self.ctx, self.roles, self.target_set, self.settings, self.ei_buffer)
-            self.iteration += 1
             seconds = time.perf_counter() - start
-            new_generations = int(result.pop("iteration/generations"))
-            self.generations += new_generations
-            self.tokens += int(result.pop("iteration/tokens"))
-            rates = result.pop("synthetic_solve_rates")
-            examples = result.pop("examples")
-            scalars = {k: float(v) for k, v in result.items()}
-            scalars[M.GENERATIONS] = float(self.generations)
-            scalars[M.TOKENS_GENERATED] = float(self.tokens)
-            scalars[M.GENERATIONS_PER_SECOND] = new_generations / seconds
-            self.metrics.write_scalars(self.iteration, scalars)
-            if rates:
-                self.metrics.write_histogram(self.iteration, M.SYNTHETIC_SOLVE_RATE, rates)
-            self._write_examples(examples)
-            self.target_set.iterations.append({"iteration": it, "cumulative_solve_rate": scalars[M.CUMULATIVE_SOLVE_RATE]})
-            if self.iteration % self.cfg.run.checkpoint_every == 0 or self.iteration == total:
-                self._save()
-            log.info(
-                "iteration %d: cumulative solve rate %.3f, generations %d, %.1fs",
-                it, scalars[M.CUMULATIVE_SOLVE_RATE], self.generations, seconds,
-            )
-            print(
-                f"[sgs] iteration {self.iteration}/{total}: solved {self.target_set.num_solved()}/{len(self.target_set)} "
-                f"({scalars[M.CUMULATIVE_SOLVE_RATE]:.1%}), pass@k this iteration {scalars[M.ITERATION_SOLVE_RATE]:.1%}, "
-                f"conjectures kept {int(scalars.get(M.CONJECTURE_KEPT, 0))}, "
-                f"solver samples {int(scalars.get('solver/train_sequences', 0))}, {seconds:.0f}s",
-                flush=True,
-            )
+            with self._commit_block():
+                self._commit(it, total, result, seconds)
+                self._in_iteration = False
         return self.summary()
+
+    def _commit_block(self):
+        return self.stop.deferred() if self.stop is not None else contextlib.nullcontext()
+
+    def _commit(self, it: int, total: int, result: dict[str, Any], seconds: float) -> None:
+        """The end of iteration `it`: counters, logs, then (when due) the checkpoint."""
+        self.iteration += 1
+        new_generations = int(result.pop("iteration/generations"))
+        self.generations += new_generations
+        self.tokens += int(result.pop("iteration/tokens"))
+        rates = result.pop("synthetic_solve_rates")
+        examples = result.pop("examples")
+        scalars = {k: float(v) for k, v in result.items()}
+        scalars[M.GENERATIONS] = float(self.generations)
+        scalars[M.TOKENS_GENERATED] = float(self.tokens)
+        scalars[M.GENERATIONS_PER_SECOND] = new_generations / seconds
+        fault_point("logs", self.metrics.run_dir / M.JSONL_NAME)
+        self.metrics.write_scalars(self.iteration, scalars)
+        if rates:
+            self.metrics.write_histogram(self.iteration, M.SYNTHETIC_SOLVE_RATE, rates)
+        self._write_examples(examples)
+        self.target_set.iterations.append({"iteration": it, "cumulative_solve_rate": scalars[M.CUMULATIVE_SOLVE_RATE]})
+        if self.iteration % self.cfg.run.checkpoint_every == 0 or self.iteration == total:
+            self._save()
+        log.info(
+            "iteration %d: cumulative solve rate %.3f, generations %d, %.1fs",
+            it, scalars[M.CUMULATIVE_SOLVE_RATE], self.generations, seconds,
+        )
+        print(
+            f"[sgs] iteration {self.iteration}/{total}: solved {self.target_set.num_solved()}/{len(self.target_set)} "
+            f"({scalars[M.CUMULATIVE_SOLVE_RATE]:.1%}), pass@k this iteration {scalars[M.ITERATION_SOLVE_RATE]:.1%}, "
+            f"conjectures kept {int(scalars.get(M.CONJECTURE_KEPT, 0))}, "
+            f"solver samples {int(scalars.get('solver/train_sequences', 0))}, {seconds:.0f}s",
+            flush=True,
+        )
+
+    def position(self) -> str:
+        """Where the run is ("in iteration 3 of 5"), for stop messages."""
+        if self._in_iteration:
+            return f"in iteration {self.iteration + 1} of {self._total}"
+        return f"after iteration {self.iteration} of {self._total}"
+
+    def resume_point(self) -> str:
+        """Where the same command would resume, for stop and error messages."""
+        return f"rerun the same command to resume from iteration {self.checkpointed}"
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -183,13 +271,17 @@ class SGSRun:
         }
 
     def _write_examples(self, examples: dict) -> None:
-        with open(os.path.join(self.workdir, "examples.jsonl"), "a", encoding="utf-8") as f:
-            f.write(json.dumps({"iteration": self.iteration, **examples}, ensure_ascii=False) + "\n")
+        """The first `run.log_examples` kept conjectures and verified proofs."""
+        n = self.cfg.run.log_examples
+        if self._examples is not None:
+            self._examples.append({"iteration": self.iteration, **{kind: list(texts[:n]) for kind, texts in examples.items()}})
 
     def close(self) -> None:
-        self.verifier.close()
-        self.metrics.close()
-        self.checkpointer.close()
+        """Release workers (Lean REPLs included) and files. Idempotent."""
+        for part in (self.verifier, self.metrics, self._examples, self.checkpointer):
+            if part is not None:
+                part.close()
+        self.verifier = self.metrics = self._examples = self.checkpointer = None
 
 
 def _sample_to_json(sample: TrainingSample) -> dict:

@@ -131,6 +131,8 @@ class TargetSet:
         tmp = os.fspath(path) + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(self.to_json(), f, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
 
     @classmethod

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
+import logging
 import os
 import threading
 from typing import Any
 
+from sgs_jax import jsonl
+from sgs_jax.faults import fault_point
 from sgs_jax.verify.interface import Status, Verifier, VerifyRequest, VerifyResult
+
+log = logging.getLogger(__name__)
 
 Key = tuple[str, str, str]
 
@@ -24,7 +28,7 @@ class ResultCache:
     """Thread-safe map (header, statement, proof) -> VerifyResult, optionally on disk.
 
     path: JSONL file, one `{"key": [header, statement, proof], "result": {...}}` per line;
-      loaded at construction (a torn last line from a killed run is skipped) and
+      loaded at construction (a torn last line from a killed run is cut off) and
       appended to on every `put`.
     """
 
@@ -32,17 +36,20 @@ class ResultCache:
         self.path = os.fspath(path) if path is not None else None
         self._lock = threading.Lock()
         self._results: dict[Key, VerifyResult] = {}
+        self._file: jsonl.Appender | None = None
         if self.path and os.path.exists(self.path):
             self._load()
 
     def _load(self) -> None:
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                    self._results[tuple(row["key"])] = VerifyResult.from_json(row["result"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    continue  # a line torn by a crash mid-write
+        jsonl.repair_tail(self.path)
+        rows, bad = jsonl.read_records(self.path)
+        for row in rows:
+            try:
+                self._results[tuple(row["key"])] = VerifyResult.from_json(row["result"])
+            except (KeyError, TypeError, ValueError):
+                bad += 1
+        if bad:
+            log.warning("verdict cache %s: skipped %d unreadable lines", self.path, bad)
 
     def get(self, key: Key) -> VerifyResult | None:
         with self._lock:
@@ -57,9 +64,30 @@ class ResultCache:
                 return False
             self._results[key] = result
             if self.path:
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"key": list(key), "result": result.to_json()}, ensure_ascii=False) + "\n")
+                self._append({"key": list(key), "result": result.to_json()})
         return True
+
+    def _append(self, row: dict) -> None:
+        """Append one line (lock held); on a storage error go memory-only, with one warning."""
+        try:
+            if self._file is None:
+                self._file = jsonl.Appender(self.path, sync=False)
+            self._file.append(row)
+            fault_point("verification", self.path)
+        except OSError as err:
+            log.warning("verdict cache %s cannot be written (%s); keeping verdicts in memory only",
+                        self.path, err.strerror or err)
+            self.path = None
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def close(self) -> None:
+        """Close the file (later puts reopen it)."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     def __len__(self) -> int:
         with self._lock:
@@ -110,3 +138,4 @@ class CachingVerifier(Verifier):
 
     def close(self) -> None:
         self.inner.close()
+        self.cache.close()

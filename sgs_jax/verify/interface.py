@@ -16,7 +16,8 @@ import abc
 import concurrent.futures
 import dataclasses
 import enum
-from typing import Any, Callable, Sequence
+import inspect
+from typing import Any, Callable, Mapping, Sequence
 
 
 class Status(str, enum.Enum):
@@ -149,6 +150,26 @@ def make_backend(name: str, **options: Any) -> Verifier:
 def available_backends() -> list[str]:
     _import_builtin_backends()
     return sorted(_BACKENDS)
+
+
+def check_backend_options(name: str, options: Mapping[str, Any]) -> None:
+    """Raise ValueError naming an unknown backend, an option its constructor does not take
+    or a required one that is missing (read from the constructor's signature; a
+    constructor that takes **options checks unknown ones itself when built)."""
+    _import_builtin_backends()
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown verification backend {name!r}; known: {sorted(_BACKENDS)}")
+    params = inspect.signature(_BACKENDS[name]).parameters.values()
+    named = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    missing = [p.name for p in named if p.default is inspect.Parameter.empty and p.name not in options]
+    if missing:
+        raise ValueError(f"backend {name!r} needs option {', '.join(missing)}")
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    accepted = {p.name for p in named}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ValueError(f"backend {name!r} takes no option {', '.join(unknown)}; it takes {sorted(accepted)}")
 
 
 def _import_builtin_backends() -> None:

@@ -9,7 +9,9 @@ pool is full the least recently used idle REPL is evicted.
 Faults: a REPL that times out, crashes or answers garbage is killed (its whole process
 group) and never reused. A proof whose REPL crashed or answered garbage is retried once
 on a fresh REPL, then reported as `system_error`; a timeout is final (`timeout`).
-Each REPL is recycled after `max_uses` proofs. Registers the backend `lean`.
+Each REPL is recycled after `max_uses` proofs. `close` kills every REPL group at once,
+busy ones included (a stopping run does not wait out a 200 s proof; those proofs report
+`system_error`, which is never cached). Registers the backend `lean`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Sequence
 
 from sgs_jax.verify import rules
 from sgs_jax.verify.interface import Status, Verifier, VerifyRequest, VerifyResult, register_backend
-from sgs_jax.verify.repl import GIB, LeanRepl, ReplConfig, ReplError, ReplProtocolError, ReplTimeout
+from sgs_jax.verify.repl import GIB, LeanRepl, ReplConfig, ReplCrashed, ReplError, ReplProtocolError, ReplTimeout
 from sgs_jax.verify.stats import VerifyStats
 
 DEFAULT_REPL_CMD = "lake exe repl"
@@ -109,6 +111,7 @@ class LeanPool(Verifier):
         self._stats = VerifyStats()
         self._cond = threading.Condition()
         self._idle: list[_Session] = []  # least recently used first
+        self._busy: set[LeanRepl] = set()  # REPLs importing a header or checking a proof
         self._live = 0  # sessions idle + busy + being started
         self._bad_headers: dict[str, str] = {}
         self._closed = False
@@ -133,10 +136,16 @@ class LeanPool(Verifier):
         return snap
 
     def close(self) -> None:
-        """Finish running proofs, drop queued ones, kill every REPL."""
+        """Drop queued proofs, kill every REPL (busy ones too: their proofs end as system
+        errors), then wait for the worker threads. Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        with self._cond:
+            self._closed = True
+            busy = list(self._busy)
+            self._cond.notify_all()
+        for repl in busy:
+            repl.kill()
         self._executor.shutdown(wait=True, cancel_futures=True)
         with self._cond:
             idle, self._idle = self._idle, []
@@ -198,13 +207,18 @@ class LeanPool(Verifier):
     # ------------------------------------------------------------------ sessions
 
     def _acquire(self, header: str) -> _Session:
-        """An idle session for `header`, or a new one (evicting the LRU idle one if full)."""
+        """An idle session for `header`, or a new one (evicting the LRU idle one if full),
+        marked busy."""
         evicted: _Session | None = None
         with self._cond:
             while True:
+                if self._closed:
+                    raise ReplCrashed("the pool is closed")
                 for i in range(len(self._idle) - 1, -1, -1):  # most recently used first
                     if self._idle[i].header == header:
-                        return self._idle.pop(i)
+                        session = self._idle.pop(i)
+                        self._busy.add(session.repl)
+                        return session
                 if self._live < self.workers:
                     self._live += 1
                     break
@@ -225,17 +239,28 @@ class LeanPool(Verifier):
 
     def _start(self, header: str) -> _Session:
         repl = LeanRepl(self.config)
+        with self._cond:
+            self._busy.add(repl)
+            closed = self._closed
+        if closed:  # close() ran while this REPL started, so it could not kill it
+            repl.kill()
+            raise ReplCrashed("the pool is closed")
         self._stats.event("repl_spawn")
         if not header.strip():
             return _Session(repl, header, None)
-        reply = repl.send({"cmd": header}, self.header_timeout_s)
-        self._stats.event("header_import")
-        errors = [m for m in reply.get("messages") or [] if m.get("severity") == "error"]
-        if errors or "message" in reply or not isinstance(reply.get("env"), int):
+        try:
+            reply = repl.send({"cmd": header}, self.header_timeout_s)
+            self._stats.event("header_import")
+            errors = [m for m in reply.get("messages") or [] if m.get("severity") == "error"]
+            if errors or "message" in reply or not isinstance(reply.get("env"), int):
+                detail = errors[0].get("data", "") if errors else reply.get("message", "no env")
+                self._bad_headers[header] = f"header does not elaborate: {detail}"[:200]
+                raise HeaderError(self._bad_headers[header])
+        except BaseException:
             repl.kill()
-            detail = errors[0].get("data", "") if errors else reply.get("message", "no env")
-            self._bad_headers[header] = f"header does not elaborate: {detail}"[:200]
-            raise HeaderError(self._bad_headers[header])
+            with self._cond:
+                self._busy.discard(repl)
+            raise
         return _Session(repl, header, reply["env"])
 
     def _release(self, session: _Session, healthy: bool) -> None:
@@ -246,6 +271,7 @@ class LeanPool(Verifier):
         if not keep:
             session.repl.kill()
         with self._cond:
+            self._busy.discard(session.repl)
             if keep:
                 self._idle.append(session)
             else:

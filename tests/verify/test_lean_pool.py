@@ -177,3 +177,25 @@ def test_bad_configuration_is_rejected(tmp_path):
         LeanPool(lean_project_dir=str(tmp_path / "missing"))
     with pytest.raises(ValueError):
         LeanPool(workers=0)
+
+
+def test_close_kills_busy_repls_at_once(fake_repl):
+    """A stopping run closes the pool mid-proof: it must not wait out the proof's timeout,
+    and every REPL process group (children included) must be gone."""
+    verifier = pool(fake_repl, workers=2, timeout_s=60.0)
+    running = [verifier.submit(req("\n  simp -- fake:hang")) for _ in range(2)]
+    queued = verifier.submit(req("\n  simp"))
+    deadline = time.monotonic() + 10
+    while len(fake_repl.events("child")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    start = time.monotonic()
+    verifier.close()
+    assert time.monotonic() - start < 5
+    for future in running:
+        assert future.result(timeout=1).status is Status.SYSTEM_ERROR
+    assert queued.cancelled() or queued.result(timeout=1).status is Status.SYSTEM_ERROR
+    children = [e["child_pid"] for e in fake_repl.events("child")]
+    deadline = time.monotonic() + 5
+    while any(pid_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(pid) for pid in children)

@@ -78,6 +78,37 @@ def test_resume_appends(tmp_path):
     assert [e.value for e in accumulator(tmp_path).Scalars(m.GENERATIONS)] == [1.0, 2.0]
 
 
+def test_resume_after_a_step_drops_later_records_and_rebuilds_tensorboard(tmp_path):
+    """A run killed after logging step 3 but checkpointed at step 2: reopened with
+    truncate_after=2 it redoes step 3, and every reader sees each step once."""
+    with m.MetricsWriter(tmp_path) as writer:
+        for step in range(4):
+            writer.write_scalars(step, {m.GENERATIONS: step})
+            writer.write_histogram(step, m.SYNTHETIC_SOLVE_RATE, [0.25 * step])
+    with open(tmp_path / m.JSONL_NAME, "ab") as f:
+        f.write(b'{"step": 4, "time": 1.0, "scal')  # and a torn line
+    with m.MetricsWriter(tmp_path, truncate_after=2) as writer:
+        writer.write_scalars(3, {m.GENERATIONS: 30})
+    lines = read_jsonl(tmp_path)
+    assert [(line["step"], "histogram" in line) for line in lines] == [
+        (0, False), (0, True), (1, False), (1, True), (2, False), (2, True), (3, False)]
+    acc = accumulator(tmp_path)
+    assert [(e.step, e.value) for e in acc.Scalars(m.GENERATIONS)] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]
+    assert [e.step for e in acc.Histograms(m.SYNTHETIC_SOLVE_RATE)] == [0, 1, 2]
+    assert acc.Histograms(m.SYNTHETIC_SOLVE_RATE)[2].histogram_value.sum == pytest.approx(0.5)
+    # The rebuilt events keep the original wall times.
+    assert acc.Scalars(m.GENERATIONS)[1].wall_time == pytest.approx(lines[2]["time"])
+
+
+def test_starting_over_drops_every_record(tmp_path):
+    with m.MetricsWriter(tmp_path) as writer:
+        writer.write_scalars(0, {m.GENERATIONS: 1})
+    with m.MetricsWriter(tmp_path, truncate_after=-1) as writer:
+        writer.write_scalars(0, {m.GENERATIONS: 2})
+    assert [line["scalars"][m.GENERATIONS] for line in read_jsonl(tmp_path)] == [2.0]
+    assert [e.value for e in accumulator(tmp_path).Scalars(m.GENERATIONS)] == [2.0]
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda w: w.write_scalars(-1, {"a": 1.0}), "non-negative integer"),
     (lambda w: w.write_scalars(1.5, {"a": 1.0}), "non-negative integer"),

@@ -71,3 +71,22 @@ def test_ablations_run_one_iteration(tmp_path, make_config, experiment):
     if not cfg.sgs.use_conjecturer:
         assert "conjectures/generated" not in scalars
         assert scalars["generations"] == 2 * 6
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_log_examples_caps_what_examples_jsonl_gets(tmp_path, n):
+    """run.log_examples = kept conjectures and verified proofs (each) logged per iteration."""
+    import types
+
+    from sgs_jax import jsonl
+    from ml_collections import ConfigDict
+
+    path = tmp_path / "examples.jsonl"
+    run = types.SimpleNamespace(cfg=ConfigDict({"run": {"log_examples": n}}), iteration=3,
+                                _examples=jsonl.Appender(path) if n else None)
+    SGSRun._write_examples(run, {"conjectures": ["c1", "c2"], "proofs": ["p1", "p2", "p3", "p4"]})
+    records, _ = jsonl.read_records(path)
+    if n == 0:
+        assert records == []
+    else:
+        assert records == [{"iteration": 3, "conjectures": ["c1", "c2"][:n], "proofs": ["p1", "p2", "p3", "p4"][:n]}]

@@ -87,6 +87,41 @@ def test_persisted_cache_survives_a_restart_and_a_torn_line(tmp_path):
     assert rows[0]["key"] == [D3K_HEADER, STATEMENT, "a"] and rows[0]["result"]["status"] == "verified"
 
 
+def test_a_line_torn_inside_a_multibyte_character_is_cut_and_appends_go_on(tmp_path, caplog):
+    """A kill mid-write cut the last line inside `ℝ` (3 bytes in UTF-8); a line in the
+    middle is garbage. Loading neither fails nor glues the next verdict onto the fragment."""
+    path = tmp_path / "verify_cache.jsonl"
+    with CachingVerifier(CountingVerifier({"a": OK}), ResultCache(path)) as verifier:
+        verifier.verify_batch([req("a")])
+    with open(path, "ab") as f:
+        f.write(b"\xff garbage\n")
+        f.write(json.dumps({"key": [D3K_HEADER, STATEMENT, "b"]}, ensure_ascii=False).encode()[:-6])
+    with caplog.at_level("WARNING"):
+        reloaded = ResultCache(path)
+    assert len(reloaded) == 1 and "skipped 1 unreadable lines" in caplog.text
+    assert path.read_bytes().endswith(b"\n")
+    with CachingVerifier(CountingVerifier({"b": BAD}), reloaded) as verifier:
+        verifier.verify_batch([req("b")])
+    again = ResultCache(path)
+    assert again.get(req("a").key()) == OK and again.get(req("b").key()) == BAD
+
+
+def test_a_full_disk_keeps_the_cache_in_memory_with_one_warning(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "verify_cache.jsonl"
+    cache = ResultCache(path)
+    cache.put(req("a").key(), OK)
+    monkeypatch.setenv("SGS_FAULT_AT", "verification:enospc")
+    with caplog.at_level("WARNING"):
+        cache.put(req("b").key(), BAD)
+        cache.put(req("c").key(), BAD)
+    monkeypatch.delenv("SGS_FAULT_AT")
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0].getMessage()
+    assert len(cache) == 3  # still answered from memory
+    assert {tuple(json.loads(line)["key"])[2] for line in path.read_text(encoding="utf-8").splitlines()} <= {"a", "b"}
+    cache.close()
+
+
 def test_cache_around_the_lean_pool(fake_repl):
     inner = LeanPool(repl_cmd=fake_repl.cmd(), workers=1, timeout_s=2.0, memory_limit_gib=1.0)
     with CachingVerifier(inner) as verifier:

@@ -119,6 +119,9 @@ def assert_same(outcome, reference):
             np.testing.assert_array_equal(ours, theirs)
 
 
+SUBPROCESS_ENV: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def shared_compilations(tmp_path_factory):
     """A persistent compilation cache for this module: every case builds new SGSRuns, whose
@@ -126,10 +129,13 @@ def shared_compilations(tmp_path_factory):
     names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
              "jax_persistent_cache_min_entry_size_bytes")
     before = [getattr(jax.config, name) for name in names]
+    values = (str(tmp_path_factory.mktemp("xla_cache")), 0, 0)
     compilation_cache.reset_cache()
-    for name, value in zip(names, (str(tmp_path_factory.mktemp("xla_cache")), 0, 0)):
+    for name, value in zip(names, values):
         jax.config.update(name, value)
+    SUBPROCESS_ENV.update({name.upper(): str(value) for name, value in zip(names, values)})  # shared with subprocesses
     yield
+    SUBPROCESS_ENV.clear()
     for name, value in zip(names, before):
         jax.config.update(name, value)
     compilation_cache.reset_cache()
@@ -306,7 +312,7 @@ def test_stop_signal_ends_cleanly_and_resumes(point, action, code, where, resume
 
 def _subprocess(workdir, fault, timeout=300):
     # The same devices as this process (tests/conftest.py): the numbers must match bit for bit.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", ENV: fault, "PYTHONPATH": ROOT}
+    env = {**os.environ, **SUBPROCESS_ENV, "JAX_PLATFORMS": "cpu", ENV: fault, "PYTHONPATH": ROOT}
     return subprocess.run([sys.executable, "-m", "sgs_jax.cli.train", *_cli_args(workdir)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -22,7 +22,6 @@ step can be restored nothing is moved and `CheckpointRestoreError` says so in on
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import gc
@@ -158,27 +157,48 @@ def _short(err: BaseException, limit: int = 160) -> str:
     return (first[: limit - 3] + "...") if len(first) > limit else first
 
 
-@contextlib.contextmanager
-def _quiet_aborted_reads():
-    """Drop the noise of an aborted orbax restore: when one array read fails, orbax closes
-    its event loop while TensorStore still completes the other reads, whose callbacks
-    then report "Event loop is closed" and un-awaited coroutines through
-    sys.unraisablehook. The failure itself is reported by the caller."""
-    previous = sys.unraisablehook
+def _is_aborted_io_noise(exc: BaseException | None, where: object = None) -> bool:
+    """The echo of a failed orbax read or write, already reported by its caller: when one
+    array fails, orbax closes its event loop while TensorStore finishes the others, whose
+    callbacks then raise "Event loop is closed"; un-awaited read coroutines are reported
+    when collected; orbax's worker threads log the failure with a full traceback."""
+    text = f"{exc!r} {where!r}"
+    return "Event loop is closed" in text or "_read_array_index" in text or "orbax" in text
 
-    def hook(unraisable):
-        text = f"{unraisable.exc_value!r} {unraisable.object!r}"
-        if "Event loop is closed" in text or "orbax" in text or "_read_array_index" in text:
-            log.debug("dropped after a failed restore: %s", text[:200])
+
+class _AbortedIoLogFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and "raised an exception" in record.getMessage()
+                    and "_SignalingThread" in record.getMessage())
+
+
+_noise_filtered = False
+
+
+def _filter_aborted_io_noise() -> None:
+    """Keep the echoes of a failed save or restore (dozens of tracebacks from orbax and
+    TensorStore threads, some after the failure was reported) off the terminal; the
+    caller reports the failure in one line. Process-wide and idempotent; it drops nothing
+    else."""
+    global _noise_filtered
+    if _noise_filtered:
+        return
+    _noise_filtered = True
+    logging.getLogger("absl").addFilter(_AbortedIoLogFilter())
+    unraisable, excepthook = sys.unraisablehook, sys.excepthook
+
+    def quiet_unraisable(info):
+        if _is_aborted_io_noise(info.exc_value, info.object):
+            log.debug("after a failed checkpoint read or write: %r", info.exc_value)
             return
-        previous(unraisable)
+        unraisable(info)
 
-    sys.unraisablehook = hook
-    try:
-        yield
-    finally:
-        gc.collect()  # un-awaited coroutines of the failed read are reported now, not later
-        sys.unraisablehook = previous
+    def quiet_excepthook(kind, value, tb):
+        if isinstance(value, RuntimeError) and "Event loop is closed" in str(value):
+            return
+        excepthook(kind, value, tb)
+
+    sys.unraisablehook, sys.excepthook = quiet_unraisable, quiet_excepthook
 
 
 def storage_errno(err: BaseException) -> int | None:
@@ -204,6 +224,7 @@ class RunCheckpointer:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = os.path.abspath(os.fspath(directory))
+        _filter_aborted_io_noise()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=False,
             cleanup_tmp_directories=True,  # a save cut off mid-way leaves a temporary directory
@@ -255,9 +276,9 @@ class RunCheckpointer:
         failed: list[tuple[int, str]] = []
         for step in reversed(self.steps()):
             try:
-                with _quiet_aborted_reads():
-                    trees, meta = self._restore_verified(step, abstract_trees)
+                trees, meta = self._restore_verified(step, abstract_trees)
             except Exception as err:  # orbax and TensorStore raise many types for damaged files
+                gc.collect()  # un-awaited read coroutines are reported now, into the filter
                 failed.append((step, _short(err)))
                 continue
             if failed:

@@ -12,7 +12,8 @@ In-process cases stand in for a kill with `InjectedFault` (a BaseException nothi
 catches, raised at the point) and resume in the same process (compiled programs are
 shared, so a case costs about one iteration). Real signals go through the CLI, in process
 (SIGTERM, SIGINT, sent by the process to itself at the point) and in a subprocess
-(SIGKILL, and SIGTERM to see the whole stderr).
+(SIGKILL, SIGTERM to see the whole stderr, and a file-size limit that makes the OS refuse
+a checkpoint write inside TensorStore).
 """
 
 import collections
@@ -273,7 +274,8 @@ def test_records_past_the_checkpoint_are_dropped(reference, tmp_path):
 
 
 # ---- disk full, read-only ----------------------------------------------------------------
-@pytest.mark.parametrize("point,action", [pytest.param("logs", "enospc", marks=SLOW), ("checkpoint", "enospc"),
+@pytest.mark.parametrize("point,action", [pytest.param("logs", "enospc", marks=SLOW),
+                                          pytest.param("checkpoint", "enospc", marks=SLOW),  # real: below
                                           pytest.param("side_files", "erofs", marks=SLOW)])
 def test_storage_failure_is_one_line_then_resumes_exactly(point, action, reference, tmp_path, monkeypatch, capsys):
     workdir = _copy(reference, "base", tmp_path)
@@ -310,11 +312,34 @@ def test_stop_signal_ends_cleanly_and_resumes(point, action, code, where, resume
     _finish_and_compare(workdir, reference)
 
 
-def _subprocess(workdir, fault, timeout=300):
+def _subprocess(workdir, fault=None, timeout=300, preexec_fn=None):
     # The same devices as this process (tests/conftest.py): the numbers must match bit for bit.
-    env = {**os.environ, **SUBPROCESS_ENV, "JAX_PLATFORMS": "cpu", ENV: fault, "PYTHONPATH": ROOT}
+    env = {**os.environ, **SUBPROCESS_ENV, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    if fault:
+        env[ENV] = fault
     return subprocess.run([sys.executable, "-m", "sgs_jax.cli.train", *_cli_args(workdir)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
+
+
+def _limit_file_size():
+    """Writes past 300 kB fail (EFBIG) instead of killing the process: a real refused write
+    inside TensorStore, as a full disk gives (root ignores read-only permissions, and this
+    machine has no small file system to fill)."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, resource.RLIM_INFINITY))
+
+
+def test_a_write_the_os_refuses_inside_the_checkpoint_is_one_line(reference, tmp_path):
+    workdir = _copy(reference, "base", tmp_path)
+    done = _subprocess(workdir, preexec_fn=_limit_file_size)
+    assert done.returncode == 1
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [
+        f"sgs-train: cannot write {workdir}/checkpoints: File too large; free space (or make it writable) "
+        "and rerun the same command to resume from iteration 1"], done.stderr[-3000:]
+    assert glob.glob(str(workdir / "checkpoints" / "*tmp*"))
+    _finish_and_compare(workdir, reference)
 
 
 def test_sigkill_between_checkpoint_and_side_files(reference, tmp_path):

@@ -253,7 +253,7 @@ def check_resume(directory: str | os.PathLike, cfg: ConfigDict, allow: Sequence[
 
 
 def _write_json(path: str, data: Any) -> None:
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # per process: several may write the same file
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.flush()

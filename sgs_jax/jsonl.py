@@ -122,7 +122,7 @@ class Appender:
 def rewrite_records(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
     """Replace `path` atomically with `records`, one per line (fsync'd before the rename)."""
     path = os.fspath(path)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # per process: several may write the same file
     with open(tmp, "w", encoding="utf-8") as f:
         for record in records:
             f.write(dumps(record))

@@ -128,7 +128,7 @@ class TargetSet:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (a preempted write never leaves a half file)."""
-        tmp = os.fspath(path) + ".tmp"
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"  # per process: several may write the same file
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(self.to_json(), f, ensure_ascii=False)
             f.flush()

@@ -38,6 +38,8 @@ setup(
             "sgs-verify=sgs_jax.cli.verify:main",
             "sgs-report=sgs_jax.cli.report:main",
             "sgs-plan=sgs_jax.cli.plan:main",
+            "sgs-eval=sgs_jax.cli.eval:main",
+            "sgs-export=sgs_jax.cli.export:main",
         ]
     },
 )

@@ -54,7 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword options for `make_backend` from the named flags and `--option` pairs."""
     options = {key: getattr(args, flag) for flag, key in NAMED_OPTIONS.items() if getattr(args, flag) is not None}
-    for pair in args.option:
+    options.update(parse_option_pairs(args.option))
+    return options
+
+
+def parse_option_pairs(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings -> {KEY: value}; a value is JSON when it parses, else a string."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--option needs KEY=VALUE, got {pair!r}")

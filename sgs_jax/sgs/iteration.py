@@ -56,9 +56,15 @@ class IterationSettings:
             solver_max_total_len=cfg.sampling.solver_max_total_len,
             conjecturer_max_new_tokens=cfg.sampling.conjecturer_max_new_tokens,
             guide_max_new_tokens=cfg.sampling.guide_max_new_tokens,
-            # Problems per sampling call: verification of one chunk overlaps the next's sampling.
-            chunk_problems=max(1, 4 * cfg.sampling.max_batch // cfg.sgs.proofs_per_problem),
+            chunk_problems=prove_chunk_size(cfg.sampling.max_batch, cfg.sgs.proofs_per_problem),
         )
+
+
+def prove_chunk_size(max_batch: int, k: int) -> int:
+    """Problems per sampling call of the prove phase (k samples each): enough to keep the
+    sampler's `max_batch` slots full, few enough that verification of one chunk overlaps
+    the next one's sampling."""
+    return max(1, 4 * max_batch // k)
 
 
 def _solver_samples(settings: IterationSettings, groups, target_set: TargetSet, ei_buffer) -> list:

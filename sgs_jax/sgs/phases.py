@@ -35,6 +35,12 @@ class PhaseContext:
     top_p: float = 1.0
     top_k: int = 0
 
+    @classmethod
+    def from_config(cls, cfg, sampler: Sampler, tokenizer, verifier: Verifier, templates: prompts.PromptTemplates) -> "PhaseContext":
+        """The context of a run (or of an evaluation with a run's settings): sampling from `cfg.sampling`."""
+        return cls(sampler=sampler, tokenizer=tokenizer, verifier=verifier, templates=templates,
+                   temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k)
+
 
 def phase_seed(seed: int, iteration: int, phase: str) -> int:
     """A distinct, reproducible sampling seed per (run seed, iteration, phase)."""

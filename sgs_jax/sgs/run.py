@@ -64,15 +64,7 @@ class SGSRun:
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
         self.roles: Roles = build_roles(cfg, base, guide, self.mesh)
         self.sampler = Sampler(base.config, mesh=self.mesh, max_batch=cfg.sampling.max_batch)
-        self.ctx = PhaseContext(
-            sampler=self.sampler,
-            tokenizer=self.tokenizer,
-            verifier=self.verifier,
-            templates=bootstrap.load_templates(cfg),
-            temperature=cfg.sampling.temperature,
-            top_p=cfg.sampling.top_p,
-            top_k=cfg.sampling.top_k,
-        )
+        self.ctx = PhaseContext.from_config(cfg, self.sampler, self.tokenizer, self.verifier, bootstrap.load_templates(cfg))
         self._resume()
         if self.iteration == 0 and self.checkpointer.latest_step() is None:
             self._log_baseline()

@@ -41,7 +41,7 @@ def get_config() -> ConfigDict:
     c.mesh.tensor = 1  # tensor-parallel axis size
 
     c.sampling = ConfigDict()
-    c.sampling.temperature = 1.0  # all roles (SPEC Section 2)
+    c.sampling.temperature = 1.0  # all roles (method.md §2)
     c.sampling.top_p = 1.0  # nucleus threshold (1.0 = off)
     c.sampling.top_k = 0  # 0 = off
     c.sampling.solver_max_total_len = 8192  # Solver prompt + generation cap, tokens

@@ -9,7 +9,7 @@ A short last micro-batch is filled with empty rows (all-zero mask, weight 0).
 
 The per-sequence normaliser (`scale`) is computed once over the whole optimiser batch
 (`sgs_jax.rl.objectives.sequence_scale`) and carried by each row, so the micro-batch
-losses sum exactly to the loss of the whole batch (SPEC Section 4 step 9).
+losses sum exactly to the loss of the whole batch (method.md §4 step 9).
 """
 
 from __future__ import annotations

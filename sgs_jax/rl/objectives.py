@@ -1,4 +1,4 @@
-"""Solver and Conjecturer losses (SPEC Sections 4.9 and 5) as pure jnp functions.
+"""Solver and Conjecturer losses (method.md §4 step 9 and §5) as pure jnp functions.
 
 Every loss is a function of per-token log-probabilities `logprobs` [batch, tokens] of the
 generated tokens under the model being trained, a `mask` [batch, tokens] (1 on generated
@@ -74,7 +74,7 @@ def reinforce_half_loss(
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """REINFORCE½ (SPEC Section 5): the weighted NLL of generated tokens,
+    """REINFORCE½ (method.md §5): the weighted NLL of generated tokens,
     -sum_i scale_i * w_i * sum_t mask_it * logprobs_it. Also the Conjecturer's loss.
 
     logprobs, mask: [batch, tokens]; weights: [batch] (from
@@ -106,7 +106,7 @@ def expert_iteration_loss(
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Expert Iteration (SPEC Section 5): NLL of buffered correct proofs, weight 1 unless
+    """Expert Iteration (method.md §5): NLL of buffered correct proofs, weight 1 unless
     `weights` [batch] says otherwise. Shapes and metrics as `reinforce_half_loss`."""
     if weights is None:
         weights = jnp.ones(logprobs.shape[:1], jnp.promote_types(logprobs.dtype, jnp.float32))
@@ -124,7 +124,7 @@ def cispo_loss(
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """CISPO (SPEC Section 5): -sum_i scale_i * A_i * sum_t mask * sg(w_it) * logprobs_it,
+    """CISPO (method.md §5): -sum_i scale_i * A_i * sum_t mask * sg(w_it) * logprobs_it,
     w = clip(exp(logprobs - old_logprobs), 1 - eps_low, 1 + eps_high).
 
     logprobs, old_logprobs (the sampler's), mask: [batch, tokens]; advantages: [batch].

@@ -60,7 +60,7 @@ class TrainConfig:
     batch_size / micro_batch_size: sequences per optimiser step / per forward-backward.
     max_seq_len: longest model input (prompt + completion - 1) accepted.
     min_bucket: shortest length bucket. logits_chunk: positions per vocabulary chunk.
-    reset_optimizer: `train_epoch` starts from a fresh Adam state (SPEC 4.9).
+    reset_optimizer: `train_epoch` starts from a fresh Adam state (method.md §4 step 9).
     """
 
     objective: str = "reinforce_half"

@@ -1,6 +1,6 @@
 """One SGS iteration (Algorithm 1, full batch): phases in order, rewards, updates, metrics.
 
-`run_iteration` is the whole of SPEC Section 4 steps 1-10 for one iteration; it mutates
+`run_iteration` is the whole of method.md §4 steps 1-10 for one iteration; it mutates
 only the target set (new proofs), the Expert Iteration buffer and the role weights (through
 their trainers), and returns the iteration's metrics.
 """
@@ -98,7 +98,7 @@ def run_iteration(
     settings: IterationSettings,
     ei_buffer: rewards.ExpertIterationBuffer,
 ) -> dict[str, Any]:
-    """Steps 1-9 of SPEC Section 4 for one iteration. Returns scalar metrics plus
+    """Steps 1-9 of method.md §4 for one iteration. Returns scalar metrics plus
     'synthetic_solve_rates' (a list, for the histogram) and 'examples' (a few texts)."""
     start = time.perf_counter()
     seed = settings.seed

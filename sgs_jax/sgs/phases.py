@@ -1,4 +1,4 @@
-"""The phases of one SGS iteration (SPEC Section 4): conjecture, prove + verify, guide.
+"""The phases of one SGS iteration (method.md §4): conjecture, prove + verify, guide.
 
 Each phase samples with a role's current weights through the shared `Sampler`, turns model
 text into typed results with the pure extraction and reward functions, and never raises

@@ -1,4 +1,4 @@
-"""Rewards and selection rules of SGS (SPEC Sections 4-6), host-side and pure.
+"""Rewards and selection rules of SGS (method.md §4–§6), host-side and pure.
 
 Solver: per-rollout rewards (correct only, `try` ban, length penalty replacing the
 weight) and the three selection rules (REINFORCE½, CISPO, Expert Iteration).
@@ -17,9 +17,9 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from sgs_jax.sgs.types import Attempt, GuideScores, Rollout, TrainingSample
-from sgs_jax.verify.rules import contains_try  # the one `try` detector (SPEC 4.8), shared with verify
+from sgs_jax.verify.rules import contains_try  # the one `try` detector (method.md §4 step 8), shared with verify
 
-MAX_STORED_PROOFS = 16  # a target keeps at most this many verified proofs (SPEC Section 3)
+MAX_STORED_PROOFS = 16  # a target keeps at most this many verified proofs (method.md §3)
 CISPO_STD_EPS = 1e-6
 RELEVANCE_RANGE = (0, 5)
 REDUNDANCY_RANGE = (0, 1)

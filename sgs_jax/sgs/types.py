@@ -143,7 +143,7 @@ class TrainingSample:
 
 
 class GuideScores(NamedTuple):
-    """The Guide's three rubric scores (SPEC Section 6).
+    """The Guide's three rubric scores (method.md §6).
 
     A NamedTuple (immutable) so that it unpacks and compares like the plain triple
     (relevance, redundancy, complexity).

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 class Status(str, enum.Enum):
     """Outcome of one verification. Only VERIFIED counts as success."""
 
-    VERIFIED = "verified"  # passed every rule of SPEC Section 7
+    VERIFIED = "verified"  # passed every rule of method.md §7
     REJECTED = "rejected"  # failed a pre-check or verdict rule (banned text, axioms, sorry, ...)
     LEAN_ERROR = "lean_error"  # the checker reported an error in the proof
     TIMEOUT = "timeout"  # wall-clock limit hit; the worker was killed

@@ -1,4 +1,4 @@
-"""Verification statistics for the metrics (SPEC Section 9): counts by status,
+"""Verification statistics for the metrics (method.md §9): counts by status,
 system-error and timeout rates, a time histogram, throughput and worker events.
 
 `VerifyStats` is the thread-safe accumulator a backend owns; `summarize` and

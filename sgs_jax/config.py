@@ -101,8 +101,8 @@ def validate(cfg: ConfigDict) -> None:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {cfg.sampling.top_p}")
     if cfg.sampling.temperature < 0 or cfg.sampling.top_k < 0:
         raise ConfigError("sampling.temperature and sampling.top_k must be >= 0")
-    if not 0.0 < cfg.sgs.keep_quantile <= 1.0:
-        raise ConfigError(f"sgs.keep_quantile must be in (0, 1], got {cfg.sgs.keep_quantile}")
+    if not 0.0 < cfg.sgs.keep_quantile < 1.0:
+        raise ConfigError(f"sgs.keep_quantile must be in (0, 1), got {cfg.sgs.keep_quantile}")
     if not cfg.model.checkpoint:
         raise ConfigError("model.checkpoint must name the base prover checkpoint (the testbed preset names the packaged one)")
     if cfg.sgs.use_guide and not (cfg.model.guide_checkpoint or cfg.guide.sft_data):

@@ -1,6 +1,7 @@
 """One real iteration's accounting (SPEC Sections 4.10 and 5): which targets Expert
-Iteration samples, the generation counter with a prompt that is too long, and buffered
-proofs of targets that are no longer sampled still training with their own prompts.
+Iteration samples, the generation counter with a prompt that is too long, buffered
+proofs of targets that are no longer sampled still training with their own prompts, and
+a verification server that refuses the API key stopping the run.
 
 Random nano models (they verify nothing), 6 testbed targets, k = 2, the `prop` verifier.
 """
@@ -8,11 +9,15 @@ Random nano models (they verify nothing), 6 testbed targets, k = 2, the `prop` v
 import dataclasses
 import os
 
+import pytest
+
 from sgs_jax.config import load_config
 from sgs_jax.sgs.iteration import run_iteration
 from sgs_jax.sgs.run import SGSRun
 from sgs_jax.sgs.target_set import TargetSet
+from sgs_jax.sgs.testbed_pretrain import MODELS_DIR
 from sgs_jax.sgs.types import Rollout, StoredProofSample
+from sgs_jax.verify import VerifierUnavailable
 from tests.sgs.run_support import small_run_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,3 +48,28 @@ def test_expert_iteration_sampling_counting_and_buffer(tmp_path, random_checkpoi
     # iteration stored: random models verify nothing, so nothing).
     assert out["solver/train_sequences"] == 1 + out["verify/verified"]
     assert out["solver/train_samples_targets"] == out["solver/train_sequences"]
+
+
+@pytest.mark.skipif(not (MODELS_DIR / "base" / "config.json").exists(), reason="packaged testbed models not built")
+def test_refused_api_key_stops_the_run_with_the_servers_message(tmp_path, monkeypatch):
+    """A Kimina server that refuses the key stops the iteration at its first verification
+    (no proof is recorded as a system error); the error carries the server's own message.
+    The packaged testbed Solver writes real proofs, so verification requests are made."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tests", "verify"))  # the fake server lives with the verify tests
+    from fake_kimina import FakeKimina
+
+    server = FakeKimina(api_key="right")
+    monkeypatch.setenv("LEAN_SERVER_API_KEY", "wrong")
+    overrides = [
+        f"run.workdir={str(tmp_path / 'run')!r}", "targets.limit=4", "sgs.proofs_per_problem=2",
+        "sgs.use_conjecturer=False", "sgs.use_guide=False", "verify.backend='remote'",
+        f"verify.options.url={server.url!r}", "verify.options.retries=0", "verify.cache=False",
+    ]
+    run = SGSRun(load_config(os.path.join(ROOT, "configs/sgs.py:testbed"), overrides))
+    try:
+        with pytest.raises(VerifierUnavailable, match="HTTP 401 Invalid API key"):
+            run.run(1)
+    finally:
+        run.close()
+        server.stop()
+    assert run.iteration == 0 and 1 <= len(server.requests) <= 4  # at most one per sender thread, none after

@@ -112,6 +112,12 @@ def validate(cfg: ConfigDict) -> None:
     for role in ("solver_train", "conjecturer_train"):
         if cfg[role].batch_size % cfg[role].micro_batch_size:
             raise ConfigError(f"{role}.batch_size must be a multiple of {role}.micro_batch_size")
+    if cfg.sgs.solver_objective == "cispo" and cfg.solver_train.batch_size % cfg.sgs.proofs_per_problem:
+        # CISPO batches are whole groups of k rollouts (SPEC Section 5).
+        raise ConfigError(
+            f"solver_train.batch_size ({cfg.solver_train.batch_size}) must be a multiple of "
+            f"sgs.proofs_per_problem ({cfg.sgs.proofs_per_problem}) for the cispo objective"
+        )
 
 
 def save_resolved(cfg: ConfigDict, directory: str | os.PathLike) -> str:

@@ -57,3 +57,8 @@ def test_cispo_learning_rate_is_a_third_in_every_preset():
 def test_base_without_a_checkpoint_is_rejected():
     with pytest.raises(ConfigError, match="model.checkpoint"):
         load_config(os.path.join(ROOT, "configs/base.py"))
+
+
+def test_cispo_batch_must_hold_whole_groups():
+    with pytest.raises(ConfigError, match="sgs.proofs_per_problem"):
+        load_config(os.path.join(ROOT, "configs/cispo_sgs.py:testbed"), ["solver_train.batch_size=36", "solver_train.micro_batch_size=4"])

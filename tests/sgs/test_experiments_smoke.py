@@ -4,8 +4,15 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
 
 from sgs_jax.cli.experiments import main
+from sgs_jax.experiments import completed_iterations
 from tests.sgs.run_support import small_run_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,3 +49,33 @@ def test_findings_smoke(tmp_path, random_checkpoints, capsys):
     assert main(command) == 0
     out = capsys.readouterr().out
     assert "skipped: sgs_seed1, sgs_seed2, rl_baseline_seed1, rl_baseline_seed2" in out and "start " not in out
+
+
+@pytest.mark.slow
+def test_stopped_experiment_continues_with_the_same_command(tmp_path, random_checkpoints):
+    """SIGTERM to the runner stops its runs (exit 130, one line saying how to resume); the
+    same command then resumes each run from its checkpoint and finishes it."""
+    tiny = [item for item in small_run_overrides(random_checkpoints, tmp_path) if not item.startswith("run.workdir=")]
+    command = [sys.executable, "-m", "sgs_jax.cli.experiments", FINDINGS, "--root", str(tmp_path / "runs"),
+               "--only", "rl_baseline", "--seeds", "1", "--set", "run.iterations=4"]
+    for item in tiny:
+        command += ["--set", item]
+    run = tmp_path / "runs" / "findings" / "rl_baseline_seed1"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    runner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while completed_iterations(run) < 2 and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.5)
+    assert runner.poll() is None, runner.stdout.read()
+    runner.send_signal(signal.SIGTERM)
+    out, _ = runner.communicate(timeout=120)
+    assert runner.returncode == 130, out
+    assert "stopping: 1 running runs get SIGTERM; rerun the same command to resume them" in out
+    stopped_at = completed_iterations(run)
+    assert 2 <= stopped_at < 4
+
+    finished = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert f"start rl_baseline_seed1 (resuming after iteration {stopped_at})" in finished.stdout
+    steps = {json.loads(line)["step"] for line in open(run / "metrics.jsonl") if '"scalars"' in line}
+    assert steps == {0, 1, 2, 3, 4}

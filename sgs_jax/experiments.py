@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -29,7 +28,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from sgs_jax.config import ConfigError, apply_override, load_config, validate
+from sgs_jax.config import ConfigError, apply_override, definition_function, load_config, validate
+from sgs_jax.metrics import JSONL_NAME
 
 RUNNER_FIELDS = ("run.workdir", "run.seed", "experiment")  # set by the runner for each run
 RECORD_NAME = "experiment_run.json"  # written into a run folder when its process succeeds
@@ -130,16 +130,8 @@ def parse_set(item: str) -> tuple[str, Any]:
 
 def load_experiment(path: str | os.PathLike) -> Experiment:
     """The Experiment of an experiment file (its `get_experiment()`). Raises ValueError
-    for a missing file, a file without get_experiment, or an invalid experiment."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise ValueError(f"experiment file {str(path)!r} not found")
-    spec = importlib.util.spec_from_file_location(f"sgs_experiment_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_experiment"):
-        raise ValueError(f"{path} defines no get_experiment()")
-    experiment = module.get_experiment()
+    (ConfigError for a missing file or function) for a bad file or an invalid experiment."""
+    experiment = definition_function(os.fspath(path), "get_experiment", "experiment file")()
     if not isinstance(experiment, Experiment):
         raise ValueError(f"{path}: get_experiment() returned {type(experiment).__name__}, not an Experiment")
     return experiment
@@ -195,8 +187,6 @@ def is_finished(run: PlannedRun) -> bool:
 
 def completed_iterations(workdir: pathlib.Path) -> int:
     """The last step the run's metrics.jsonl records (0 when none): iterations completed."""
-    from sgs_jax.metrics import JSONL_NAME
-
     try:
         with open(workdir / JSONL_NAME, "rb") as f:
             f.seek(0, os.SEEK_END)

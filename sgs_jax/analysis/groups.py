@@ -49,9 +49,11 @@ def run_identity(run_dir: str | pathlib.Path, label: str | None = None) -> tuple
     else the folder name; the seed is config.json's `run.seed` (None when absent)."""
     config = read_run_config(run_dir) or {}
     recorded = config.get("experiment")
-    seed = config.get("run", {}).get("seed") if isinstance(config.get("run"), dict) else None
-    chosen = label or (recorded if isinstance(recorded, str) and recorded else pathlib.Path(run_dir).name)
-    return chosen, seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+    if not label:
+        label = recorded if isinstance(recorded, str) and recorded else pathlib.Path(run_dir).name
+    run = config.get("run")
+    seed = run.get("seed") if isinstance(run, dict) else None
+    return label, seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
 def group_runs(runs: Sequence[RunLog], labels: Sequence[str],

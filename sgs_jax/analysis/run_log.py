@@ -58,11 +58,6 @@ class RunLog:
     histograms: Mapping[str, tuple[HistogramSnapshot, ...]]
     skipped_lines: tuple[int, ...] = ()
 
-    @property
-    def skipped_records(self) -> int:
-        """How many log records could not be read."""
-        return len(self.skipped_lines)
-
     def paired(self, x_name: str, y_name: str) -> tuple[np.ndarray, np.ndarray]:
         """Values of two scalars at the steps where both were written, in step order;
         two empty arrays when either is missing."""

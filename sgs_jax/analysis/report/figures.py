@@ -254,7 +254,7 @@ def conjecture_hacks_figure(groups: Sequence[RunGroup], styles: Mapping[str, Sty
     """The fraction of conjectures showing each reward hack, and the ill-formed ones dropped."""
     panels = [Panel((f"{names.HACK_PREFIX}{h}{names.HACK_SUFFIX}",), f"hack: {h}", percent=True) for h in hacks]
     panels.append(Panel((names.ILL_FORMED,), "ill-formed conjectures dropped (count)"))
-    return line_figure(groups, styles, panels, path, "conjecture reward hacks")
+    return line_figure(groups, styles, panels, path, "conjecture reward hacks and ill-formed conjectures")
 
 
 def solver_entropy_figure(groups: Sequence[RunGroup], styles: Mapping[str, Style],

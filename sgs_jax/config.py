@@ -11,7 +11,7 @@ import ast
 import importlib.util
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ml_collections import ConfigDict
 
@@ -45,18 +45,26 @@ def _get(cfg: ConfigDict, dotted: str) -> Any:
     return node
 
 
+def definition_function(path: str, name: str, kind: str) -> Callable[..., Any]:
+    """Function `name` of the Python file at `path` (a config or experiment file), the file
+    run as a module of its own. Raises ConfigError naming the `kind` of file when the file
+    or the function is missing."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{kind} {path!r} not found")
+    module_spec = importlib.util.spec_from_file_location(f"sgs_definition_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, name, None)):
+        raise ConfigError(f"{path} defines no {name}()")
+    return getattr(module, name)
+
+
 def load_config(spec: str, overrides: Sequence[str] = ()) -> ConfigDict:
     """Load `FILE.py[:PRESET]`, apply `key=value` overrides, validate."""
     path, _, preset = spec.partition(":")
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} not found")
-    module_spec = importlib.util.spec_from_file_location(f"sgs_config_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"{path} defines no get_config()")
+    get_config = definition_function(path, "get_config", "config file")
     try:
-        cfg = module.get_config(preset) if preset else module.get_config()
+        cfg = get_config(preset) if preset else get_config()
     except (KeyError, ValueError) as err:
         raise ConfigError(f"{spec}: {err}") from err
     for item in overrides:

@@ -39,6 +39,7 @@ setup(
             "sgs-generate=sgs_jax.cli.generate:main",
             "sgs-verify=sgs_jax.cli.verify:main",
             "sgs-report=sgs_jax.cli.report:main",
+            "sgs-experiments=sgs_jax.cli.experiments:main",
             "sgs-plan=sgs_jax.cli.plan:main",
             "sgs-eval=sgs_jax.cli.eval:main",
             "sgs-export=sgs_jax.cli.export:main",

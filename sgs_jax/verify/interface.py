@@ -19,6 +19,13 @@ import enum
 from typing import Any, Callable, Sequence
 
 
+class VerifierUnavailable(RuntimeError):
+    """The backend cannot check anything (e.g. the server refuses the API key).
+
+    Raised by `submit`, and by futures in place of a result, so a run stops with the
+    cause instead of recording every proof as a system error."""
+
+
 class Status(str, enum.Enum):
     """Outcome of one verification. Only VERIFIED counts as success."""
 
@@ -109,7 +116,8 @@ class Verifier(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, request: VerifyRequest) -> "concurrent.futures.Future[VerifyResult]":
-        """Queue one item; the future resolves to its `VerifyResult` (never raises)."""
+        """Queue one item; the future resolves to its `VerifyResult`. Neither raises,
+        except `VerifierUnavailable` when the backend cannot check anything at all."""
 
     def verify_batch(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:
         """Check all items; results in input order."""

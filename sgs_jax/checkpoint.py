@@ -337,5 +337,17 @@ class RunCheckpointer:
         os.replace(source, os.path.join(self.directory, name))
         return os.path.join(os.path.basename(self.directory), name)
 
+    def restore(self, step: int, abstract_trees: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(trees, meta) of step `step`; only the items named in `abstract_trees` are read
+        (e.g. one role's weights without the optimizer states). Raises
+        CheckpointRestoreError when the step is not saved or cannot be restored."""
+        steps = self.steps()
+        if step not in steps:
+            raise CheckpointRestoreError(f"no checkpoint of step {step} in {self.directory}; saved steps: {steps}")
+        try:
+            return self._restore_verified(step, abstract_trees)
+        except Exception as err:  # orbax and TensorStore raise many types for damaged files
+            raise CheckpointRestoreError(f"checkpoint step {step} in {self.directory} cannot be restored: {_short(err)}") from err
+
     def close(self) -> None:
         self._manager.close()

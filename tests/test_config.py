@@ -30,6 +30,8 @@ BAD = [
     (["sampling.top_p=1.5"], "top_p"),
     (["solver_train.micro_batch_size=5"], "multiple"),
     (["noequals"], "key=value"),
+    (["sgs.keep_quantile=1.0"], "keep_quantile"),
+    (["sgs.keep_quantile=0.0"], "keep_quantile"),
     (["run.workdir=''"], "run.workdir"),
     (["run.workdir='  '"], "run.workdir"),
     (["run.keep_checkpoints=0"], "run.keep_checkpoints must be positive"),
@@ -182,3 +184,8 @@ def test_config_diff_sees_added_and_removed_fields():
     assert set(fields) == {"solver_train.epochs", "run.log_examples"}
     assert fields["solver_train.epochs"].new == "<absent>" and fields["run.log_examples"].recorded == "<absent>"
     validate(cfg)
+
+
+def test_cispo_batch_must_hold_whole_groups():
+    with pytest.raises(ConfigError, match="sgs.proofs_per_problem"):
+        load_config(os.path.join(ROOT, "configs/cispo_sgs.py:testbed"), ["solver_train.batch_size=36", "solver_train.micro_batch_size=4"])

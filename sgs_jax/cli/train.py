@@ -11,7 +11,7 @@ differing field, unless the change is allowed, e.g. to extend a run:
   sgs-train --config configs/sgs.py:testbed --iterations 20 --allow-config-change run.iterations
 
 Exit status: 0 done, 1 a run error (disk full, diverged weights, no restorable
-checkpoint; one line on stderr), 2 a bad or changed config (nothing created on disk),
+checkpoint, verifier unavailable; one line on stderr), 2 a bad or changed config (nothing created on disk),
 128 + N stopped by signal N (SIGTERM 143, SIGINT 130), after saying where it will resume.
 """
 
@@ -67,6 +67,7 @@ def main(argv=None) -> int:
     from sgs_jax.checkpoint import CheckpointRestoreError, NonFiniteWeightsError, storage_errno
     from sgs_jax.sgs.run import SGSRun
     from sgs_jax.sgs.stopping import GracefulStop, StopRequested
+    from sgs_jax.verify import VerifierUnavailable
 
     print(f"[sgs] {cfg.experiment}: {args.config}, run directory {cfg.run.workdir}", flush=True)
     run = None
@@ -90,6 +91,9 @@ def main(argv=None) -> int:
                          f"free space (or make it writable) and {where}", 1)
         except (CheckpointRestoreError, NonFiniteWeightsError) as err:
             return _fail(str(err), 1)
+        except VerifierUnavailable as err:  # e.g. the Lean server refused the API key
+            where = run.resume_point() if run is not None else resume_hint
+            return _fail(f"the verifier is unavailable: {err}; {where}", 1)
         finally:
             if run is not None:
                 run.close()

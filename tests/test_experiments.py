@@ -57,13 +57,15 @@ def test_findings_plan_paths_order_and_subsets(tmp_path):
 def test_the_command_gives_sgs_train_exactly_the_planned_config(tmp_path):
     """The override plumbing: what the runner writes is what sgs-train parses and applies."""
     experiment = _experiment(overrides={"sampling.temperature": 0.5})
-    extra = [ex.parse_set(item) for item in ("run.iterations=4", "prompts.solver=it's a path", "sgs.use_guide=False")]
+    prompt = tmp_path / "it's a path.txt"  # quoting; the file must exist (sgs_jax.config.validate)
+    prompt.write_text("{statement}", encoding="utf-8")
+    extra = [ex.parse_set(item) for item in ("run.iterations=4", f"prompts.solver={prompt}", "sgs.use_guide=False")]
     (run,) = ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=extra)
     args = train_parser().parse_args(ex.train_command(run)[3:])  # after "python -m sgs_jax.cli.train"
     cfg = load_config(args.config, args.set)
     assert (cfg.run.workdir, cfg.run.seed, cfg.experiment) == (str(tmp_path / "exp" / "sgs_seed1"), 1, "sgs")
     assert (cfg.run.iterations, cfg.sampling.temperature, cfg.sgs.use_guide) == (4, 0.5, False)
-    assert cfg.prompts.solver == "it's a path"
+    assert cfg.prompts.solver == str(prompt)
     assert ex.parse_set("a.b= 3") == ("a.b", 3)
     with pytest.raises(ValueError, match="key=value"):
         ex.parse_set("novalue")
@@ -98,6 +100,7 @@ def test_cli_dry_run_and_bad_input(tmp_path, capsys):
 def test_a_failed_run_is_reported_and_retried(tmp_path, capsys):
     empty = tmp_path / "empty_checkpoint"
     empty.mkdir()
+    (empty / "config.json").write_text("{}", encoding="utf-8")  # passes the config check, fails to load
     definition = tmp_path / "broken.py"
     definition.write_text(
         "from sgs_jax.experiments import Entry, Experiment\n"

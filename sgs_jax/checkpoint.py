@@ -167,9 +167,17 @@ def _is_aborted_io_noise(exc: BaseException | None, where: object = None) -> boo
 
 
 class _AbortedIoLogFilter(logging.Filter):
+    """Drops orbax's worker-thread reports of a failed read or write (absl logger) and
+    asyncio's "exception was never retrieved" for its abandoned gather futures."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and "raised an exception" in record.getMessage()
-                    and "_SignalingThread" in record.getMessage())
+        if record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage()
+        if record.name == "absl":
+            return not ("raised an exception" in text and "_SignalingThread" in text)
+        error = record.exc_info[1] if record.exc_info else None
+        return not ("exception was never retrieved" in text and ("OCDBT" in f"{text} {error}" or "orbax" in text))
 
 
 _noise_filtered = False
@@ -184,7 +192,8 @@ def _filter_aborted_io_noise() -> None:
     if _noise_filtered:
         return
     _noise_filtered = True
-    logging.getLogger("absl").addFilter(_AbortedIoLogFilter())
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).addFilter(_AbortedIoLogFilter())
     unraisable, excepthook = sys.unraisablehook, sys.excepthook
 
     def quiet_unraisable(info):

@@ -312,28 +312,24 @@ def test_stop_signal_ends_cleanly_and_resumes(point, action, code, where, resume
     _finish_and_compare(workdir, reference)
 
 
-def _subprocess(workdir, fault=None, timeout=300, preexec_fn=None):
+def _subprocess(workdir, fault=None, timeout=300, prefix=()):
     # The same devices as this process (tests/conftest.py): the numbers must match bit for bit.
     env = {**os.environ, **SUBPROCESS_ENV, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
     if fault:
         env[ENV] = fault
-    return subprocess.run([sys.executable, "-m", "sgs_jax.cli.train", *_cli_args(workdir)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
+    return subprocess.run([*prefix, sys.executable, "-m", "sgs_jax.cli.train", *_cli_args(workdir)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
-def _limit_file_size():
-    """Writes past 300 kB fail (EFBIG) instead of killing the process: a real refused write
-    inside TensorStore, as a full disk gives (root ignores read-only permissions, and this
-    machine has no small file system to fill)."""
-    import resource
-
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, resource.RLIM_INFINITY))
+# Writes past 300 kB fail with EFBIG (Python ignores SIGXFSZ): a real refused write inside
+# TensorStore, as a full disk gives (root ignores read-only permissions, and this machine
+# has no small file system to fill).
+LIMIT_FILE_SIZE = ("bash", "-c", 'ulimit -f 292 && exec "$@"', "limit")
 
 
 def test_a_write_the_os_refuses_inside_the_checkpoint_is_one_line(reference, tmp_path):
     workdir = _copy(reference, "base", tmp_path)
-    done = _subprocess(workdir, preexec_fn=_limit_file_size)
+    done = _subprocess(workdir, prefix=LIMIT_FILE_SIZE)
     assert done.returncode == 1
     assert [line for line in done.stderr.splitlines() if line.strip()] == [
         f"sgs-train: cannot write {workdir}/checkpoints: File too large; free space (or make it writable) "

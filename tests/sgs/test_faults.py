@@ -177,11 +177,7 @@ def _finish_and_compare(workdir, reference):
 
 
 # ---- kills at every named point of iteration 2 -----------------------------------------
-SLOW = pytest.mark.slow  # rarer cases; the others cover the same code in CI
-
-
-@pytest.mark.parametrize("point", [pytest.param("sampling", marks=SLOW), "verification", "training",
-                                   pytest.param("logs", marks=SLOW), "checkpoint", "side_files"])
+@pytest.mark.parametrize("point", ["sampling", "verification", "training", "logs", "checkpoint", "side_files"])
 def test_killed_at_a_point_resumes_exactly(point, reference, tmp_path, monkeypatch):
     workdir = _copy(reference, "base", tmp_path)
     monkeypatch.setenv(ENV, f"{point}:raise")
@@ -224,8 +220,7 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("damage", ["flip_bytes", "truncate", pytest.param("delete_file", marks=SLOW),
-                                    pytest.param("edit_meta", marks=SLOW)])
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_newest_checkpoint_falls_back_and_redoes(damage, reference, tmp_path, caplog):
     workdir = _copy(reference, "done", tmp_path)
     DAMAGE[damage](str(workdir / "checkpoints" / "2"))
@@ -274,9 +269,7 @@ def test_records_past_the_checkpoint_are_dropped(reference, tmp_path):
 
 
 # ---- disk full, read-only ----------------------------------------------------------------
-@pytest.mark.parametrize("point,action", [pytest.param("logs", "enospc", marks=SLOW),
-                                          pytest.param("checkpoint", "enospc", marks=SLOW),  # real: below
-                                          pytest.param("side_files", "erofs", marks=SLOW)])
+@pytest.mark.parametrize("point,action", [("logs", "enospc"), ("checkpoint", "enospc"), ("side_files", "erofs")])
 def test_storage_failure_is_one_line_then_resumes_exactly(point, action, reference, tmp_path, monkeypatch, capsys):
     workdir = _copy(reference, "base", tmp_path)
     monkeypatch.setenv(ENV, f"{point}:{action}")
@@ -349,7 +342,7 @@ def test_sigkill_between_checkpoint_and_side_files(reference, tmp_path):
     _finish_and_compare(workdir, reference)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a second subprocess; the in-process SIGTERM cases above run in CI
 def test_sigterm_in_a_subprocess_prints_one_line_and_no_traceback(reference, tmp_path):
     workdir = _copy(reference, "base", tmp_path)
     done = _subprocess(workdir, "verification:term")

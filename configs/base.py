@@ -19,6 +19,7 @@ def get_config() -> ConfigDict:
     c.run.checkpoint_every = 1  # save model and loop state every N iterations (resume point)
     c.run.keep_checkpoints = 2  # checkpoints kept on disk
     c.run.log_examples = 4  # sample conjectures/proofs written to the log per iteration
+    c.run.compile_cache_dir = ""  # JAX persistent compilation cache ("" = <workdir>/compile_cache, "off" = none): a resumed run loads its compiled programs
 
     c.targets = ConfigDict()
     c.targets.source = "testbed"  # testbed | file | hub
@@ -92,7 +93,8 @@ def _optimizer_defaults(lr: float, batch_size: int) -> ConfigDict:
     o = ConfigDict()
     o.lr = lr  # constant learning rate
     o.batch_size = batch_size  # sequences per optimiser step
-    o.micro_batch_size = 8  # sequences per micro-batch (gradient accumulation)
+    o.micro_batch_size = 8  # sequences per micro-batch (gradient accumulation); a multiple of mesh data x fsdp
+    o.min_bucket = 64  # shortest micro-batch length; lengths step x1.5 / x2 up to the role's max (one program each)
     o.b1 = 0.9  # Adam beta1
     o.b2 = 0.95  # Adam beta2
     o.eps = 1e-8  # Adam epsilon

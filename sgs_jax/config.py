@@ -29,8 +29,8 @@ _POSITIVE = (
     "run.iterations", "run.checkpoint_every", "targets.max_proofs", "sampling.solver_max_total_len",
     "sampling.conjecturer_max_new_tokens", "sampling.guide_max_new_tokens", "sampling.max_batch",
     "sgs.conjectures_per_target", "sgs.proofs_per_problem", "solver_train.lr", "solver_train.batch_size",
-    "solver_train.micro_batch_size", "conjecturer_train.lr", "conjecturer_train.batch_size",
-    "conjecturer_train.micro_batch_size",
+    "solver_train.micro_batch_size", "solver_train.min_bucket", "conjecturer_train.lr", "conjecturer_train.batch_size",
+    "conjecturer_train.micro_batch_size", "conjecturer_train.min_bucket",
 )
 
 

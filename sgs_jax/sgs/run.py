@@ -27,6 +27,8 @@ from sgs_jax import metrics as M
 from sgs_jax.checkpoint import RunCheckpointer
 from sgs_jax.config import save_resolved
 from sgs_jax.parallel import make_mesh, state_shardings
+from sgs_jax.parallel.compile_cache import compile_cache_dir, enable_compilation_cache
+from sgs_jax.parallel.rules import log_replicated_parameters
 from sgs_jax.sampling import Sampler
 from sgs_jax.sgs import bootstrap
 from sgs_jax.sgs.iteration import IterationSettings, run_iteration
@@ -47,6 +49,7 @@ class SGSRun:
         self.cfg = cfg
         self.workdir = os.path.abspath(cfg.run.workdir)
         os.makedirs(self.workdir, exist_ok=True)
+        enable_compilation_cache(compile_cache_dir(cfg.run.compile_cache_dir, self.workdir))
         save_resolved(cfg, self.workdir)
         self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
         self.tokenizer = bootstrap.load_role_tokenizer(cfg)
@@ -62,6 +65,7 @@ class SGSRun:
         self.generations = 0
         self.tokens = 0
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
+        log_replicated_parameters(nnx.state(base), self.mesh, log)
         self.roles: Roles = build_roles(cfg, base, guide, self.mesh)
         self.sampler = Sampler(base.config, mesh=self.mesh, max_batch=cfg.sampling.max_batch)
         self.ctx = PhaseContext(

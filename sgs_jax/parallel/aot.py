@@ -258,6 +258,8 @@ def report(
     extra = list(notes)
     if cost.unknown_loops:
         extra.append(f"{len(cost.unknown_loops)} loop(s) of unknown trip count counted once")
+    if cost.unestimated_kernels:
+        extra.append(f"{cost.unestimated_kernels:.0f} Pallas kernel execution(s) declare no cost estimate: their FLOPs are not counted")
     if topo.platform == "cpu":
         extra.append(f"compiled by XLA:CPU as a stand-in; roofline with {chip.name} figures")
     return ProgramReport(

@@ -11,6 +11,8 @@ walked from the entry computation with each loop body weighted by its trip count
                buffers the compiler placed in on-chip memory (layout `S(n)`, n > 0)
   collectives  result bytes and ring-algorithm link traffic per kind (all-gather,
                reduce-scatter, all-reduce, all-to-all, collective-permute)
+  kernels      Pallas kernels (custom calls) count the FLOPs and bytes they declare in
+               their cost estimate; those without one are counted in `unestimated_kernels`
 
 Trip counts come from `known_trip_count` when XLA states it, else from the loop condition
 `counter < constant` (with the counter's start and step read from the loop's operands and
@@ -406,7 +408,8 @@ class HloCost:
     link_bytes: float = 0.0
     loops: list[Loop] = dataclasses.field(default_factory=list)
     largest_collectives: list[tuple[float, str, str]] = dataclasses.field(default_factory=list)  # (bytes, kind, op name)
-    custom_calls: dict[str, int] = dataclasses.field(default_factory=dict)
+    custom_calls: dict[str, float] = dataclasses.field(default_factory=dict)  # target -> executions
+    unestimated_kernels: float = 0.0  # Pallas kernel executions without a cost estimate (FLOPs not counted)
 
     @property
     def unknown_loops(self) -> list[Loop]:
@@ -421,6 +424,7 @@ class HloCost:
             "link_bytes": self.link_bytes,
             "loops": [dataclasses.asdict(loop) for loop in self.loops],
             "custom_calls": dict(self.custom_calls),
+            "unestimated_kernels": self.unestimated_kernels,
         }
 
 
@@ -450,12 +454,18 @@ def analyze_hlo(text: str, num_devices: int, keep_largest: int = 8) -> HloCost:
                 cost.collective_counts[kind] += weight
                 cost.link_bytes += weight * _link_traffic(kind, size, n)
                 largest.append((size, kind, ins.name))
+            estimate = None
             if op == "custom-call":
                 target = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
                 name = target.group(1) if target else "?"
-                cost.custom_calls[name] = cost.custom_calls.get(name, 0) + 1
+                cost.custom_calls[name] = cost.custom_calls.get(name, 0) + weight
+                estimate = _kernel_estimate(ins.attrs)
+                if estimate is not None:
+                    cost.flops += weight * estimate[0]
+                elif name == "tpu_custom_call":
+                    cost.unestimated_kernels += weight
             if not fused and op not in _NO_TRAFFIC and not op.endswith("-done"):
-                cost.hbm_bytes += weight * _operand_traffic(comps, comp, ins)
+                cost.hbm_bytes += weight * (estimate[1] if estimate is not None else _operand_traffic(comps, comp, ins))
             if op == "while":
                 loop = trip_count(comps, comp, ins)
                 cost.loops.append(loop)
@@ -482,6 +492,16 @@ def analyze_hlo(text: str, num_devices: int, keep_largest: int = 8) -> HloCost:
     visit(comps[entry], 1.0, False, ())
     cost.largest_collectives = sorted(largest, reverse=True)[:keep_largest]
     return cost
+
+
+def _kernel_estimate(attrs: str) -> tuple[float, float] | None:
+    """(flops, bytes accessed) a Pallas kernel declares (`pl.CostEstimate`), if any."""
+    text = attrs.replace('\\"', '"')
+    flops = re.search(r'"cost_estimate"\s*:\s*\{[^}]*"flops"\s*:\s*"?(\d+)', text)
+    if not flops:
+        return None
+    accessed = re.search(r'"cost_estimate"\s*:\s*\{[^}]*"bytes_accessed"\s*:\s*"?(\d+)', text)
+    return float(flops.group(1)), float(accessed.group(1)) if accessed else 0.0
 
 
 def _branches(attrs: str) -> Iterable[str]:

@@ -125,3 +125,25 @@ def test_tpu_convolution_flops_match_xla():
     matmuls = 2 * (2 * 2 * 256 * 256 * 8 * 128) + 2 * 2 * 256 * 8 * 128 * 512
     assert cost.flops == pytest.approx(matmuls, rel=1e-6)
     assert cost.flops == pytest.approx(compiled.cost_analysis()["flops"], rel=0.02)
+
+
+def test_pallas_kernels_count_their_declared_cost():
+    """A Pallas TPU kernel is an opaque custom call: its declared cost estimate is used,
+    and a kernel without one is counted as such (its FLOPs are not seen)."""
+    devices = tpu_devices("v5p:2x2x1")
+    from jax.experimental import pallas as pl
+
+    one = NamedSharding(Mesh(np.asarray(devices[:1]), ("x",)), P())
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0
+
+    def double(x, estimate):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), cost_estimate=estimate)(x)
+
+    x = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    declared = pl.CostEstimate(flops=12345, transcendentals=0, bytes_accessed=8192)
+    with_cost = analyze_hlo(_compile(lambda a: double(a, declared), x, in_shardings=one, out_shardings=one).as_text(), 1)
+    assert with_cost.flops == 12345 and with_cost.unestimated_kernels == 0
+    without = analyze_hlo(_compile(lambda a: double(a, None), x, in_shardings=one, out_shardings=one).as_text(), 1)
+    assert without.flops == 0 and without.unestimated_kernels == 1

@@ -33,7 +33,8 @@ class Chip:
     """Per-chip peak figures (dense bf16 FLOP/s, bytes, bytes/s) and where they come from.
 
     usable_hbm: what the compiler may use per device (libtpu 0.0.42 states it in its
-    out-of-memory message; for GPUs the HBM size minus ~5% for the runtime).
+    out-of-memory message; for GPUs 95% of HBM, which needs XLA_PYTHON_CLIENT_MEM_FRACTION=0.95:
+    JAX preallocates 75% by default).
     devices_per_chip: JAX devices per chip in the deviceless topology (v4: one per
     TensorCore), so per-device figures are the chip's divided by it.
     """

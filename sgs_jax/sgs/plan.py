@@ -125,8 +125,8 @@ def plan_programs(
     """Compile `programs` of the run `cfg` describes for `topo` and report each.
 
     micro_batch / seq_len: the training micro-batch (default: the config's micro-batch and
-    the Solver's longest bucket). prompt_len: prefill prompt length (rounded up to its
-    bucket). The sampler runs max_batch slots over a cache of the Solver's
+    the Solver's longest bucket). prompt_len: prefill prompt length (at most the Solver's
+    max_total_len - 1, rounded up to its bucket). The sampler runs max_batch slots over a cache of the Solver's
     max_total_len; decode attends over the whole cache (the longest window). hlo_dir: write
     each program's optimised HLO there as NAME.hlo.txt.
     """
@@ -168,7 +168,7 @@ def plan_programs(
     if "prefill" in programs or "decode" in programs:
         sampler = Sampler(model_config, mesh=mesh, max_batch=cfg.sampling.max_batch)
         max_total = cfg.sampling.solver_max_total_len
-        bucket = bucket_for(prompt_len, DEFAULT_PROMPT_BUCKETS)
+        bucket = bucket_for(min(prompt_len, max_total - 1), DEFAULT_PROMPT_BUCKETS)
         cache_len = cache_length(bucket, max_total, max_total)
         slots = sampler.max_batch
         if "prefill" in programs:

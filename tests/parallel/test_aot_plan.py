@@ -78,3 +78,15 @@ def test_topology_names():
         with pytest.raises(ValueError, match="topology"):
             parse_topology(bad)
     assert plan_cli.main(["--aot", "v9:2x2"]) == 2
+
+
+def test_cpu_plan_of_the_testbed_and_bad_sizes(capsys):
+    """cpu:8 runs everywhere (the 8 simulated devices): the testbed's programs, as JSON."""
+    args = ["--aot", "cpu:8", "--config", "configs/sgs.py:testbed", "--programs", "train,apply", "--json"]
+    assert plan_cli.main(args) == 0
+    reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["name"] for r in reports] == ["train", "apply"]
+    assert all(r["platform"] == "cpu" and r["chip"] == "h200" and r["fits"] for r in reports)
+    assert reports[0]["per"] == "micro-batch 32 x 320 tokens" and reports[0]["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert plan_cli.main(args[:4] + ["--programs", "train", "--micro-batch", "12"]) == 2
+    assert "micro_batch_size=12 rows" in capsys.readouterr().err

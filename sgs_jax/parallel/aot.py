@@ -259,6 +259,8 @@ def report(
     extra = list(notes)
     if cost.unknown_loops:
         extra.append(f"{len(cost.unknown_loops)} loop(s) of unknown trip count counted once")
+    if cost.modelled_kernels:
+        extra.append(f"{cost.modelled_kernels:.0f} splash-attention kernel execution(s): FLOPs from their shapes and causal block map")
     if cost.unestimated_kernels:
         extra.append(f"{cost.unestimated_kernels:.0f} Pallas kernel execution(s) declare no cost estimate: their FLOPs are not counted")
     if topo.platform == "cpu":

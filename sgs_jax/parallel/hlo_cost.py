@@ -12,7 +12,9 @@ walked from the entry computation with each loop body weighted by its trip count
   collectives  result bytes and ring-algorithm link traffic per kind (all-gather,
                reduce-scatter, all-reduce, all-to-all, collective-permute)
   kernels      Pallas kernels (custom calls) count the FLOPs and bytes they declare in
-               their cost estimate; those without one are counted in `unestimated_kernels`
+               their cost estimate; splash attention (which declares none) counts FLOPs
+               from its shapes and block map (`_splash_flops`); other kernels without an
+               estimate are counted in `unestimated_kernels`
 
 Trip counts come from `known_trip_count` when XLA states it, else from the loop condition
 `counter < constant` (with the counter's start and step read from the loop's operands and
@@ -24,7 +26,6 @@ and listed in `unknown_loops`. Pure text processing: no jax import.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from typing import Iterable
@@ -410,6 +411,7 @@ class HloCost:
     largest_collectives: list[tuple[float, str, str]] = dataclasses.field(default_factory=list)  # (bytes, kind, op name)
     custom_calls: dict[str, float] = dataclasses.field(default_factory=dict)  # target -> executions
     unestimated_kernels: float = 0.0  # Pallas kernel executions without a cost estimate (FLOPs not counted)
+    modelled_kernels: float = 0.0  # splash-attention kernel executions whose FLOPs come from their shapes
 
     @property
     def unknown_loops(self) -> list[Loop]:
@@ -425,6 +427,7 @@ class HloCost:
             "loops": [dataclasses.asdict(loop) for loop in self.loops],
             "custom_calls": dict(self.custom_calls),
             "unestimated_kernels": self.unestimated_kernels,
+            "modelled_kernels": self.modelled_kernels,
         }
 
 
@@ -460,10 +463,15 @@ def analyze_hlo(text: str, num_devices: int, keep_largest: int = 8) -> HloCost:
                 name = target.group(1) if target else "?"
                 cost.custom_calls[name] = cost.custom_calls.get(name, 0) + weight
                 estimate = _kernel_estimate(ins.attrs)
-                if estimate is not None:
+                if estimate is None and name == "tpu_custom_call":
+                    modelled = _splash_flops(comp, ins)
+                    if modelled is not None:
+                        cost.flops += weight * modelled
+                        cost.modelled_kernels += weight
+                    else:
+                        cost.unestimated_kernels += weight
+                elif estimate is not None:
                     cost.flops += weight * estimate[0]
-                elif name == "tpu_custom_call":
-                    cost.unestimated_kernels += weight
             if not fused and op not in _NO_TRAFFIC and not op.endswith("-done"):
                 cost.hbm_bytes += weight * (estimate[1] if estimate is not None else _operand_traffic(comps, comp, ins))
             if op == "while":
@@ -504,12 +512,40 @@ def _kernel_estimate(attrs: str) -> tuple[float, float] | None:
     return float(flops.group(1)), float(accessed.group(1)) if accessed else 0.0
 
 
+# Matmuls of T x S x D per (batch, head) in each splash-attention kernel: the forward makes
+# S = QK^T and O = PV; the dkv kernel recomputes S, then dP = dO V^T, dV = P^T dO and
+# dK = dS^T Q, and in its fused form (with a dq-partials output) dQ = dS K as well; the dq
+# kernel recomputes S, dP and makes dQ.
+_SPLASH_MATMULS = {"splash_mha_fwd": 2, "splash_mha_dkv": 4, "splash_mha_dq": 3}
+
+
+def _splash_flops(comp: Computation, ins: Instruction) -> float | None:
+    """FLOPs of a Pallas splash-attention call (it declares no cost estimate), from its
+    shapes: 2 T S D per matmul per (batch, head), times the fraction of (query block, key
+    block) pairs it computes."""
+    kind = next((k for k in _SPLASH_MATMULS if ins.name.startswith(k)), None)
+    if kind is None:
+        return None
+    arrays = [(op, shapes(comp.type_of(op))) for op in ins.operands]
+    floats = [sh[0][1] for _, sh in arrays if sh and sh[0][0] in ("bf16", "f32", "f16") and len(sh[0][1]) >= 3]
+    if len(floats) < 2:
+        return None
+    q, k = floats[0], floats[1]
+    batch_heads, t, d = math.prod(q[:-2]), q[-2], q[-1]
+    matmuls = _SPLASH_MATMULS[kind]
+    if kind == "splash_mha_dkv" and any(len(dims) == len(q) + 1 for _, dims, _ in shapes(ins.type_text)):
+        matmuls += 1  # fused backward: dq partials too
+    # The block maps are int8 [1, nq, nk] operands. Large ones are elided from the text, so
+    # a square map is taken as causal (nq (nq + 1) / 2 of nq^2 blocks run: the mask the
+    # project builds); other maps as full.
+    maps = [sh[0][1] for _, sh in arrays if sh and sh[0][0] == "s8" and len(sh[0][1]) == 3]
+    density = (maps[0][1] + 1) / (2 * maps[0][1]) if maps and maps[0][1] == maps[0][2] else 1.0
+    return 2.0 * matmuls * batch_heads * t * k[-2] * d * density
+
+
 def _branches(attrs: str) -> Iterable[str]:
     m = re.search(r"branch_computations=\{([^}]*)\}", attrs)
     if m:
         return re.findall(r"%([^\s,]+)", m.group(1))
     return [x for x in (_attr(attrs, "true_computation"), _attr(attrs, "false_computation")) if x]
 
-
-def dumps(cost: HloCost) -> str:
-    return json.dumps(cost.to_json())

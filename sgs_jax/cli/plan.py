@@ -107,7 +107,7 @@ def _aot(args) -> int:
 
     mesh_text = " ".join(f"{k}={v}" for k, v in plan.mesh.items())
     print(f"model: {plan.model_source}; {plan.model.num_params() / 1e9:.2f}B parameters in {plan.model.param_dtype}, "
-          f"compute {plan.model.dtype}, remat {plan.model.remat_policy}")
+          f"compute {plan.model.dtype}, remat {plan.model.remat_policy}, attention {plan.model.attention}")
     print(f"topology: {topo.name} ({topo.num_devices} devices; {topo.chip.name}: {topo.chip.source})")
     print(f"mesh: {mesh_text}; device order: {plan.device_order}")
     print(f"budget per device: {topo.budget_bytes / GIB:.2f} GiB of HBM")

@@ -158,6 +158,8 @@ class ProgramReport:
     flops / hbm_bytes / collective_bytes: per execution with loop bodies times their trip
     counts (`hlo_cost`); xla_flops / xla_bytes: XLA's cost model, loop bodies once.
     per: what one execution is ("micro-batch of 8 x 8192 tokens", "16 decode steps").
+    compile_s / compile_cpu_s: wall-clock and CPU seconds (all threads of this process) of
+    the compile; on a shared host the CPU figure is the steadier one.
     tokens: tokens the execution processes (all devices together); 0 where not meaningful.
     useful_flops: model FLOPs of the work per device (6 N tokens for training, 2 N tokens
     for inference), for MFU; 0 where not meaningful.
@@ -171,6 +173,7 @@ class ProgramReport:
     mesh: dict[str, int]
     per: str
     compile_s: float
+    compile_cpu_s: float
     argument_bytes: float
     output_bytes: float
     alias_bytes: float
@@ -238,6 +241,7 @@ def report(
     mesh_shape: dict[str, int],
     per: str,
     compile_s: float,
+    compile_cpu_s: float = 0.0,
     tokens: float = 0.0,
     useful_flops: float = 0.0,
     notes: Sequence[str] = (),
@@ -267,7 +271,7 @@ def report(
         extra.append(f"compiled by XLA:CPU as a stand-in; roofline with {chip.name} figures")
     return ProgramReport(
         name=name, topology=topo.name, chip=_chip_key(chip), platform=topo.platform, num_devices=topo.num_devices,
-        mesh=dict(mesh_shape), per=per, compile_s=compile_s,
+        mesh=dict(mesh_shape), per=per, compile_s=compile_s, compile_cpu_s=compile_cpu_s,
         argument_bytes=args, output_bytes=out, alias_bytes=alias, temp_bytes=temp,
         code_bytes=float(getattr(mem, "generated_code_size_in_bytes", 0)), peak_bytes=peak, budget_bytes=topo.budget_bytes,
         flops=cost.flops, hbm_bytes=cost.hbm_bytes, collective_bytes=dict(cost.collective_bytes), link_bytes=cost.link_bytes,
@@ -279,11 +283,11 @@ def report(
     )
 
 
-def compile_timed(lower: Callable[[], Any]) -> tuple[Any, float]:
-    """(compiled, seconds) of `lower().compile()`."""
-    start = time.perf_counter()
+def compile_timed(lower: Callable[[], Any]) -> tuple[Any, float, float]:
+    """(compiled, wall seconds, CPU seconds) of `lower().compile()`."""
+    start, cpu = time.perf_counter(), time.process_time()
     compiled = lower().compile()
-    return compiled, time.perf_counter() - start
+    return compiled, time.perf_counter() - start, time.process_time() - cpu
 
 
 def _gib(x: float) -> str:
@@ -304,7 +308,7 @@ def format_report(r: ProgramReport) -> str:
         f" (link traffic {_gib(r.link_bytes)})",
         f"   roofline {r.roofline_s * 1e3:.1f} ms ({r.bound}-bound: compute {r.compute_s * 1e3:.1f}, HBM {r.memory_s * 1e3:.1f},"
         f" ICI {r.ici_s * 1e3:.1f} ms)" + (f"  MFU {r.mfu:.1%}" if r.useful_flops else "")
-        + (f"  {r.tokens_per_s:,.0f} tokens/s" if r.tokens else "") + f"  compiled in {r.compile_s:.1f} s",
+        + (f"  {r.tokens_per_s:,.0f} tokens/s" if r.tokens else "") + f"  compiled in {r.compile_s:.1f} s ({r.compile_cpu_s:.0f} CPU s)",
         f"   loops (count x trips): {loops}; XLA's own count (loop bodies once): {r.xla_flops / 1e12:.2f} TFLOP, {_gib(r.xla_bytes)} GiB",
     ]
     lines += [f"   note: {n}" for n in r.notes]

@@ -142,12 +142,12 @@ def plan_programs(
     reports: list[ProgramReport] = []
 
     def compile_program(name: str, lower):
-        compiled, secs = compile_timed(lower)
+        compiled, wall, cpu = compile_timed(lower)
         if hlo_dir:
             os.makedirs(hlo_dir, exist_ok=True)
             with open(os.path.join(hlo_dir, f"{name}.hlo.txt"), "w") as f:
                 f.write(compiled.as_text())
-        return compiled, secs
+        return compiled, dict(compile_s=wall, compile_cpu_s=cpu)
 
     n_matmul = non_embedding_params(model_config)
     devices = topo.num_devices
@@ -158,14 +158,14 @@ def plan_programs(
         params, acc, opt = progs.abstract_params, progs.abstract_acc, progs.abstract_opt_state
         held = held_besides_training(cfg, resident_bytes(params), resident_bytes(opt))
         if "train" in programs:
-            compiled, secs = compile_program("train", lambda: progs.accumulate.lower(params, acc, progs.abstract_micro_batch(length)))
+            compiled, timing = compile_program("train", lambda: progs.accumulate.lower(params, acc, progs.abstract_micro_batch(length)))
             tokens = tc.micro_batch_size * length
-            reports.append(report("train", compiled, topo, mesh_shape, f"micro-batch {tc.micro_batch_size} x {length} tokens", secs,
+            reports.append(report("train", compiled, topo, mesh_shape, f"micro-batch {tc.micro_batch_size} x {length} tokens", **timing,
                                   tokens=tokens, useful_flops=6.0 * n_matmul * tokens / devices,
                                   notes=[f"MFU counts 6 x {n_matmul / 1e9:.2f}B non-embedding parameters x tokens (no attention FLOPs)"]))
         if "apply" in programs:
-            compiled, secs = compile_program("apply", lambda: progs.apply.lower(params, opt, acc))
-            reports.append(report("apply", compiled, topo, mesh_shape, "one optimiser update", secs))
+            compiled, timing = compile_program("apply", lambda: progs.apply.lower(params, opt, acc))
+            reports.append(report("apply", compiled, topo, mesh_shape, "one optimiser update", **timing))
     if "prefill" in programs or "decode" in programs:
         sampler = Sampler(model_config, mesh=mesh, max_batch=cfg.sampling.max_batch)
         max_total = cfg.sampling.solver_max_total_len
@@ -174,12 +174,12 @@ def plan_programs(
         slots = sampler.max_batch
         if "prefill" in programs:
             batch = min(sampler.prefill_batch, slots)
-            compiled, secs = compile_program("prefill", lambda: sampler.lower_prefill(slots, cache_len, bucket, batch))
+            compiled, timing = compile_program("prefill", lambda: sampler.lower_prefill(slots, cache_len, bucket, batch))
             reports.append(report("prefill", compiled, topo, mesh_shape, f"{batch} prompts x {bucket} tokens into {slots} slots x {cache_len}",
-                                  secs, tokens=batch * bucket))
+                                  **timing, tokens=batch * bucket))
         if "decode" in programs:
             steps = sampler.chunk_steps
-            compiled, secs = compile_program("decode", lambda: sampler.lower_decode(slots, cache_len, cache_len))
-            reports.append(report("decode", compiled, topo, mesh_shape, f"{steps} steps x {slots} slots, window {cache_len}", secs,
+            compiled, timing = compile_program("decode", lambda: sampler.lower_decode(slots, cache_len, cache_len))
+            reports.append(report("decode", compiled, topo, mesh_shape, f"{steps} steps x {slots} slots, window {cache_len}", **timing,
                                   tokens=steps * slots))
     return Plan(source, model_config, mesh_shape, order, tc, tuple(reports), tuple(replicated_parameters(abstract, mesh)), held)

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     aot.add_argument("--programs", default="train,apply,prefill,decode", help="comma-separated subset of train,apply,prefill,decode")
     aot.add_argument("--prompt-len", type=int, default=1024, help="prefill prompt length (rounded up to its bucket)")
     aot.add_argument("--slices", type=int, default=1, help="TPU slices (multi-slice over DCN)")
-    aot.add_argument("--chip", help="roofline figures of another chip (v4, v5e, v5p, v6e, h100, h200)")
+    aot.add_argument("--chip", choices=("v4", "v5e", "v5p", "v6e", "h100", "h200"), help="roofline figures of another chip")
     aot.add_argument("--hlo-dir", help="write each compiled program's optimised HLO text here (NAME.hlo.txt)")
     aot.add_argument("--json", action="store_true", help="print one JSON object per program instead of text")
     return p

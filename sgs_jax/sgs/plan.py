@@ -127,9 +127,9 @@ def plan_programs(
 
     micro_batch / seq_len: the training micro-batch (default: the config's micro-batch and
     the Solver's longest bucket). prompt_len: prefill prompt length (at most the Solver's
-    max_total_len - 1, rounded up to its bucket). The sampler runs max_batch slots over a cache of the Solver's
-    max_total_len; decode attends over the whole cache (the longest window). hlo_dir: write
-    each program's optimised HLO there as NAME.hlo.txt.
+    max_total_len - 1, rounded up to its bucket). The sampler runs max_batch slots over a
+    cache of the Solver's max_total_len; decode attends over the whole cache (the longest
+    window). hlo_dir: write each program's optimised HLO there as NAME.hlo.txt.
     """
     unknown = set(programs) - set(PROGRAMS)
     if unknown:

@@ -5,6 +5,8 @@ benchmarks/aot_plan.py). Asserts: the training micro-step and the decode chunk c
 no batch row runs on every chip (rows and slots split over the 8 chips, and the per-chip
 FLOPs are an eighth of the work); the gradients are never all-reduced in full; each peak is
 within the per-chip budget sgs-plan prints. Skipped without libtpu (the `tpu` extra).
+The one compile (train + decode) costs about 90 CPU seconds: it is the check that the
+paper preset still compiles, shards and fits for real hardware, so it runs in CI.
 """
 
 import contextlib

@@ -19,6 +19,7 @@ def get_config() -> ConfigDict:
     c.run.checkpoint_every = 1  # save model and loop state every N iterations (resume point)
     c.run.keep_checkpoints = 2  # newest checkpoints kept on disk (>= 1; an older one is the fallback for a damaged newest)
     c.run.log_examples = 4  # kept conjectures and verified proofs (each) written to examples.jsonl per iteration (0 = none)
+    c.run.compile_cache_dir = ""  # JAX persistent compilation cache ("" = <workdir>/compile_cache, "off" = none): a resumed run loads its compiled programs
 
     c.targets = ConfigDict()
     c.targets.source = "testbed"  # testbed | file | hub
@@ -32,7 +33,8 @@ def get_config() -> ConfigDict:
     c.model.guide_checkpoint = ""  # HF checkpoint of a ready Guide ("" = fine-tune the base on guide.sft_data)
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"  # stored parameter dtype
-    c.model.remat_policy = "none"  # none | full | dots (per-layer rematerialisation in training)
+    c.model.remat_policy = "none"  # none | full | dots (per-layer rematerialisation in training; never in sampling)
+    c.model.attention = "auto"  # attention backend: auto (per platform) | xla | cudnn (GPU) | splash (TPU Pallas)
     c.model.parameter_sharing = False  # Solver and Conjecturer share one set of weights
 
     c.mesh = ConfigDict()
@@ -92,7 +94,8 @@ def _optimizer_defaults(lr: float, batch_size: int) -> ConfigDict:
     o = ConfigDict()
     o.lr = lr  # constant learning rate
     o.batch_size = batch_size  # sequences per optimiser step
-    o.micro_batch_size = 8  # sequences per micro-batch (gradient accumulation)
+    o.micro_batch_size = 8  # sequences per micro-batch (gradient accumulation); a multiple of mesh data x fsdp
+    o.min_bucket = 64  # shortest micro-batch length; lengths step x1.5 / x2 up to the role's max (one program each)
     o.b1 = 0.9  # Adam beta1
     o.b2 = 0.95  # Adam beta2
     o.eps = 1e-8  # Adam epsilon

@@ -48,6 +48,12 @@ def paper(c: ConfigDict) -> None:
     # 8K-token rows of MHA KV cache are 3.75 GiB each in bf16: 16 per device on 8 H200s
     # (check with `sgs-plan --param-dtype float32 --sample-batch 128`).
     c.sampling.max_batch = 128
+    # One 8K sequence per device per micro-batch on 8 devices (micro-batches must split over
+    # mesh data x fsdp: on 16 chips set 16); buckets from 1K: 7 training shapes up to 8K.
+    for role in (c.solver_train, c.conjecturer_train):
+        role.micro_batch_size = 8
+        role.min_bucket = 1024
+    c.guide.sft_micro_batch_size = 8
     c.verify.backend = "lean"
     c.verify.options.timeout_s = 200.0
     c.verify.options.memory_limit_gib = 12.0

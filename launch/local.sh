@@ -10,9 +10,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-# install EXTRA: the package (plus the named extra) when setup.py changed since the last
+# install EXTRAS: the package (plus the named extras) when setup.py changed since the last
 # such install (a cheap no-op otherwise). The main job needs no extra; the tests add
-# `test` (pytest and the PyTorch reference of the parity tests).
+# `test` (pytest and the PyTorch reference of the parity tests) and, on Linux x86-64 (the
+# only libtpu wheels), `tpu`, so the tests can compile for TPU topologies without a TPU.
 install() {
   local stamp="$VENV/.sgs_jax_installed${1:+_$1}"
   if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ]; then
@@ -20,12 +21,14 @@ install() {
     touch "$stamp"
   fi
 }
+test_extras=test
+if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then test_extras=test,tpu; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 cmd=${1:-sgs}
 shift || true
 case "$cmd" in
   test)
-    install test
+    install "$test_extras"
     set +e
     "$VENV/bin/python" -m pytest "$@"
     rc=$?

@@ -32,6 +32,7 @@ _CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat_policy": ("none", "full", "dots"),
+    "model.attention": ("auto", "xla", "cudnn", "splash"),
     "sgs.solver_objective": ("reinforce_half", "cispo", "expert_iteration"),
     "solver_train.normalization": ("batch_tokens", "sequence"),
     "conjecturer_train.normalization": ("batch_tokens", "sequence"),
@@ -41,8 +42,8 @@ _POSITIVE = (
     "run.iterations", "run.checkpoint_every", "targets.max_proofs", "sampling.solver_max_total_len",
     "sampling.conjecturer_max_new_tokens", "sampling.guide_max_new_tokens", "sampling.max_batch",
     "sgs.conjectures_per_target", "sgs.proofs_per_problem", "solver_train.lr", "solver_train.batch_size",
-    "solver_train.micro_batch_size", "conjecturer_train.lr", "conjecturer_train.batch_size",
-    "conjecturer_train.micro_batch_size", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
+    "solver_train.micro_batch_size", "solver_train.min_bucket", "conjecturer_train.lr", "conjecturer_train.batch_size",
+    "conjecturer_train.micro_batch_size", "conjecturer_train.min_bucket", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
 )
 _NON_NEGATIVE = ("targets.limit", "run.log_examples")
 # Fields a resumed run may change with --allow-config-change: they change how long the run

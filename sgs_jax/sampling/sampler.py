@@ -27,7 +27,7 @@ from jax.sharding import Mesh
 from sgs_jax.models.build import abstract_model
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.tokenizer import decode
-from sgs_jax.parallel.rules import activation_sharding, path_names, state_shardings
+from sgs_jax.parallel.rules import activation_sharding, batch_shards, check_batch, path_names, state_shardings
 from sgs_jax.sampling import programs
 from sgs_jax.sampling.distribution import row_keys
 from sgs_jax.sampling.params import Completion, GenerationStats, SamplingParams
@@ -43,6 +43,7 @@ from sgs_jax.sampling.shapes import (
 
 ProgressFn = Callable[[int, int], None]  # (finished rows, total rows)
 PromptDoneFn = Callable[[int, list], None]  # (prompt index, its num_samples Completions)
+_STOP_SLOTS = 4  # stop-id array length (more stop ids: the next power of two)
 
 
 def _under_mesh(fn, mesh: Mesh | None):
@@ -63,10 +64,11 @@ def _leaf_signature(tree) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
 
 
 def _numerics(config: ModelConfig | None):
-    """The config without its special-token ids (which do not change the computation)."""
+    """The config without what does not change sampling: special-token ids, and the
+    training-only remat policy (the cached forward never rematerialises)."""
     if not isinstance(config, ModelConfig):
         return None
-    return dataclasses.replace(config, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return dataclasses.replace(config, bos_token_id=None, eos_token_id=None, pad_token_id=None, remat_policy="none")
 
 
 class Sampler:
@@ -74,7 +76,9 @@ class Sampler:
 
     model_config: the architecture (all roles that share it can share this Sampler).
     mesh: optional (data, fsdp, tensor) mesh; slots shard over data/fsdp, heads over tensor.
-    max_batch: decode slots (rows in flight); a call with fewer rows uses the next power of two.
+    max_batch: decode slots (rows in flight), a multiple of the mesh's data x fsdp devices; a
+        call with fewer rows uses the next power of two, padded to a multiple of those
+        devices (so no device runs every slot).
     prompt_buckets: prefill lengths prompts are right-padded to.
     chunk_steps: decode steps per jitted chunk before the host may refill slots.
     prefill_batch: prompts per prefill call when a refill starts several prompts (a single
@@ -98,14 +102,20 @@ class Sampler:
             raise ValueError(f"max_batch, chunk_steps and prefill_batch must be >= 1, got {max_batch}, {chunk_steps}, {prefill_batch}")
         if not prompt_buckets or list(prompt_buckets) != sorted(set(prompt_buckets)) or prompt_buckets[0] < 1:
             raise ValueError(f"prompt_buckets must be increasing positive lengths, got {prompt_buckets}")
+        if mesh is not None:
+            check_batch(max_batch, mesh, "max_batch (sampler slots)")
+        # Training-only settings never reach the sampling programs.
+        model_config = model_config.replace(remat_policy="none")
         self.config = model_config
         self.mesh = mesh
         self.max_batch = max_batch
+        self._slot_multiple = 1 if mesh is None else batch_shards(mesh)
         self.prompt_buckets = tuple(prompt_buckets)
         self.chunk_steps = chunk_steps
         self.prefill_batch = prefill_batch
         self.min_window = min_window
         graphdef, abstract = abstract_model(model_config)
+        self._abstract_params = abstract
         self._signature = _leaf_signature(abstract)
         self._param_shardings = None if mesh is None else state_shardings(abstract, mesh)
         self._empty = jax.jit(_under_mesh(functools.partial(programs.empty_state, model_config), mesh), static_argnums=(0, 1))
@@ -153,14 +163,14 @@ class Sampler:
         k = params.num_samples
         limits = [min(cap, params.max_total_len - len(p)) for cap, p in zip(caps, prompts)]
         rows = [Row(i, j, limits[i], len(prompts[i])) for i in range(len(prompts)) for j in range(k)]
-        num_slots = power_of_two_at_least(len(rows), self.max_batch)
+        num_slots = self.num_slots(len(rows))
         longest_prefill = bucket_for(max(len(p) - 1 for p in prompts), self.prompt_buckets)
         cache_len = cache_length(longest_prefill, max(caps), params.max_total_len)
         stop_ids = params.resolved_stop_ids(self.config.eos_token_ids)
         keys = np.asarray(row_keys(params.seed, jnp.asarray([r.prompt_index for r in rows]), jnp.asarray([r.sample_index for r in rows])))
         sched = SlotScheduler(num_slots, rows, k, stop_ids)
         # Padded with -1 (never generated) to a fixed size, so stop sets share a program.
-        stop_array = np.full(max(4, power_of_two_at_least(len(stop_ids), 1 << 30)), -1, np.int32)
+        stop_array = np.full(max(_STOP_SLOTS, power_of_two_at_least(len(stop_ids), 1 << 30)), -1, np.int32)
         stop_array[: len(stop_ids)] = stop_ids
         sampling_args = (
             jnp.asarray(stop_array),
@@ -207,6 +217,46 @@ class Sampler:
             if why:
                 found[i] = why
         return found
+
+    def num_slots(self, num_rows: int) -> int:
+        """Decode slots for a call with `num_rows` rows: the next power of two (at most
+        max_batch), rounded up to a multiple of the mesh's batch devices."""
+        slots = power_of_two_at_least(num_rows, self.max_batch)
+        return min(self.max_batch, -(-slots // self._slot_multiple) * self._slot_multiple)
+
+    # ---- ahead-of-time lowering (sgs-plan) ----------------------------------------------
+    def abstract_params(self):
+        """Shape structs of this Sampler's parameters, with their shardings on the mesh."""
+        shardings = self._param_shardings or jax.tree_util.tree_map(lambda _: None, self._abstract_params)
+        return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self._abstract_params, shardings)
+
+    def abstract_state(self, num_slots: int, cache_len: int) -> programs.DecodeState:
+        """Shape structs of the decode state `generate` starts from, with its shardings."""
+        compiled = self._empty.lower(num_slots, cache_len).compile()
+        return jax.tree_util.tree_map(
+            lambda info, s: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=s), compiled.out_info, compiled.output_shardings
+        )
+
+    def lower_prefill(self, num_slots: int, cache_len: int, prompt_bucket: int, num_prompts: int):
+        """The prefill-and-insert program `generate` runs for `num_prompts` prompts (1 or
+        prefill_batch) of bucket length `prompt_bucket`, lowered without arrays."""
+        s = num_slots
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+        return self._insert.lower(
+            self.abstract_params(), self.abstract_state(s, cache_len), i32(num_prompts, prompt_bucket),
+            jax.ShapeDtypeStruct((num_prompts, prompt_bucket), bool), i32(s), jax.ShapeDtypeStruct((s,), bool),
+            i32(s), i32(s), jax.ShapeDtypeStruct((s, 2), jnp.uint32),
+        )
+
+    def lower_decode(self, num_slots: int, cache_len: int, window: int, greedy: bool = False, filtered: bool = False):
+        """The decode chunk `generate` runs (chunk_steps steps over a `window`-slot window),
+        lowered without arrays."""
+        f32 = jax.ShapeDtypeStruct((), jnp.float32)
+        return self._decode.lower(
+            self.abstract_params(), self.abstract_state(num_slots, cache_len), jax.ShapeDtypeStruct((_STOP_SLOTS,), jnp.int32),
+            f32, jax.ShapeDtypeStruct((), jnp.int32), f32, jax.ShapeDtypeStruct((), jnp.int32),
+            greedy=greedy, filtered=filtered, chunk_steps=self.chunk_steps, window=window,
+        )
 
     # ---- internals ------------------------------------------------------------------------
     def _window(self, extent: int, cache_len: int) -> int:

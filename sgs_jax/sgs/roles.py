@@ -47,7 +47,7 @@ class Roles:
         return out
 
 
-def train_config(role_cfg, objective: str, cispo_cfg, max_seq_len: int, seed: int) -> TrainConfig:
+def train_config(role_cfg, objective: str, cispo_cfg, max_seq_len: int) -> TrainConfig:
     """The `TrainConfig` of one role from its config section (configs/base.py)."""
     normalization = role_cfg.normalization
     if objective == "cispo" and cispo_cfg.normalization == "group_tokens":
@@ -58,10 +58,10 @@ def train_config(role_cfg, objective: str, cispo_cfg, max_seq_len: int, seed: in
         batch_size=role_cfg.batch_size,
         micro_batch_size=role_cfg.micro_batch_size,
         max_seq_len=max_seq_len,
+        min_bucket=role_cfg.min_bucket,
         cispo_eps_low=cispo_cfg.eps_low,
         cispo_eps_high=cispo_cfg.eps_high,
         reset_optimizer=role_cfg.reset_optimizer,
-        shuffle_seed=seed,
         optimizer=OptimizerConfig(
             learning_rate=role_cfg.lr,
             b1=role_cfg.b1,
@@ -99,12 +99,12 @@ def build_roles(cfg, base: Llama, guide: Llama | None, mesh) -> Roles:
     if shared and s.solver_objective == "cispo":
         raise ValueError("parameter_sharing with a CISPO Solver is not supported (the Conjecturer's update is weighted NLL)")
     solver_seq = max(max_len, conj_len) if shared else max_len
-    solver = Trainer(copy_model(base), train_config(cfg.solver_train, s.solver_objective, cfg.cispo, solver_seq, cfg.run.seed), mesh)
+    solver = Trainer(copy_model(base), train_config(cfg.solver_train, s.solver_objective, cfg.cispo, solver_seq), mesh)
     conjecturer = frozen = None
     if kind == CONJECTURER_TRAINED:
         conjecturer = Trainer(
             copy_model(base),
-            train_config(cfg.conjecturer_train, "reinforce_half", cfg.cispo, conj_len, cfg.run.seed + 1),
+            train_config(cfg.conjecturer_train, "reinforce_half", cfg.cispo, conj_len),
             mesh,
         )
     elif kind == CONJECTURER_FROZEN:

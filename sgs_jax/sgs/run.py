@@ -34,6 +34,8 @@ from sgs_jax.checkpoint import RunCheckpointer
 from sgs_jax.config import ConfigError, check_resume, record_config, validate
 from sgs_jax.faults import fault_point
 from sgs_jax.parallel import make_mesh
+from sgs_jax.parallel.compile_cache import compile_cache_dir, enable_compilation_cache
+from sgs_jax.parallel.rules import log_replicated_parameters
 from sgs_jax.sampling import Sampler
 from sgs_jax.sgs import bootstrap
 from sgs_jax.sgs.iteration import IterationSettings, run_iteration
@@ -95,11 +97,13 @@ class SGSRun:
         templates = bootstrap.load_templates(cfg)
 
         os.makedirs(self.workdir, exist_ok=True)
+        enable_compilation_cache(compile_cache_dir(cfg.run.compile_cache_dir, self.workdir))
         record_config(cfg, self.workdir)  # a new run's record; an existing one is never overwritten here
         if cfg.verify.cache:
             self.verifier = CachingVerifier(self.verifier, ResultCache(os.path.join(self.workdir, CACHE_NAME)))
         self.checkpointer = RunCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.run.keep_checkpoints)
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
+        log_replicated_parameters(nnx.state(base), self.mesh, log)
         self.roles: Roles = build_roles(cfg, base, guide, self.mesh)
         self.sampler = Sampler(base.config, mesh=self.mesh, max_batch=cfg.sampling.max_batch)
         self.ctx = PhaseContext.from_config(cfg, self.sampler, self.tokenizer, self.verifier, templates)

@@ -2,6 +2,7 @@
 log-probs and entropies equal the unsharded full forward's, and greedy equals argmax."""
 
 import numpy as np
+import pytest
 
 from sgs_jax.models import tiny
 from sgs_jax.parallel import make_mesh
@@ -24,3 +25,13 @@ def test_sharded_sampling_matches_full_forward():
             steps = np.arange(len(sample.token_ids))
             np.testing.assert_allclose(sample.logprobs, log_softmax(logits)[steps, sample.token_ids], atol=1e-4, rtol=0)
             np.testing.assert_allclose(sample.entropies, entropy(logits), atol=1e-4, rtol=0)
+
+
+def test_slots_split_over_the_batch_devices():
+    config = tiny(num_heads=8, num_kv_heads=4, head_dim=4, vocab_size=96, intermediate_size=64)
+    mesh = make_mesh(data=2, fsdp=4, tensor=1)
+    with pytest.raises(ValueError, match=r"max_batch \(sampler slots\)=12 rows .*= 8 devices"):
+        Sampler(config, mesh=mesh, max_batch=12)
+    sampler = Sampler(config, mesh=mesh, max_batch=32)
+    assert [sampler.num_slots(n) for n in (1, 3, 8, 9, 40)] == [8, 8, 8, 16, 32]  # padded, never fewer than 8
+    assert Sampler(config, max_batch=32).num_slots(3) == 4  # no mesh: the next power of two

@@ -1,0 +1,185 @@
+"""A run's device programs compiled ahead of time for a topology you may not have.
+
+`plan_programs(cfg, topology("v5p:2x2x2"))` builds what `SGSRun` builds from the same
+config (the mesh, the Solver's `TrainPrograms` through `roles.train_config`, the `Sampler`)
+from shape structs only, lowers their jitted functions (the same objects a run calls:
+`TrainPrograms.accumulate` / `.apply`, `Sampler.lower_prefill` / `.lower_decode`) and
+compiles them for the topology's devices. Nothing is allocated; the model's architecture
+comes from `model.checkpoint`'s config.json when it is on disk, else from a preset.
+
+Programs (each one execution):
+  train    one micro-batch's forward + backward into the gradient accumulator
+           [micro_batch_size x seq_len tokens]
+  apply    the optimiser update (clip, Adam, parameter update)
+  prefill  prefill of `prefill_batch` prompts of one bucket, inserted into the slots
+  decode   one decode chunk: `chunk_steps` steps of every slot over a window of the cache
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from sgs_jax.models.build import abstract_model
+from sgs_jax.models.config import ModelConfig, preset
+from sgs_jax.parallel.aot import ProgramReport, Topology, compile_timed, report
+from sgs_jax.parallel.mesh import mesh_and_order
+from sgs_jax.parallel.rules import replicated_parameters
+from sgs_jax.rl.train_step import TrainConfig, programs_for
+from sgs_jax.sampling import Sampler
+from sgs_jax.sampling.shapes import DEFAULT_PROMPT_BUCKETS, bucket_for, cache_length
+from sgs_jax.sgs.roles import train_config
+
+PROGRAMS = ("train", "apply", "prefill", "decode")
+DEFAULT_PRESET = "deepseek-prover-v2-7b"
+
+
+def plan_model_config(cfg, num_layers: int | None = None, preset_name: str = DEFAULT_PRESET) -> tuple[ModelConfig, str]:
+    """(architecture with the config's numerics, where it came from)."""
+    runtime = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, remat_policy=cfg.model.remat_policy,
+                   attention=cfg.model.attention)
+    checkpoint = cfg.model.checkpoint
+    if checkpoint and os.path.isfile(os.path.join(checkpoint, "config.json")):
+        config, source = ModelConfig.from_hf_file(checkpoint, **runtime), checkpoint
+    else:
+        config, source = preset(preset_name, **runtime), f"preset {preset_name} ({checkpoint or 'no checkpoint'} is not a local directory)"
+    if num_layers is not None:
+        config = config.replace(num_layers=num_layers)
+        source += f", {num_layers} layers"
+    return config, source
+
+
+def solver_train_config(cfg, micro_batch: int | None = None) -> TrainConfig:
+    """The Solver's TrainConfig exactly as `roles.build_roles` makes it (micro_batch overrides)."""
+    config = train_config(cfg.solver_train, cfg.sgs.solver_objective, cfg.cispo, cfg.sampling.solver_max_total_len)
+    return dataclasses.replace(config, micro_batch_size=micro_batch) if micro_batch else config
+
+
+def non_embedding_params(config: ModelConfig) -> int:
+    """Parameters that take part in matmuls: all but the input embedding table (a gather)."""
+    return config.num_params() - config.vocab_size * config.hidden_size
+
+
+def resident_bytes(tree) -> float:
+    """Bytes one device holds of a pytree of sharded shape structs."""
+    total = 0.0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += math.prod(shard) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The reports of one plan and what it was made from."""
+
+    model_source: str
+    model: ModelConfig
+    mesh: dict[str, int]
+    device_order: str
+    train: TrainConfig
+    reports: tuple[ProgramReport, ...]
+    replicated: tuple[str, ...]  # `rules.replicated_parameters` on this mesh
+    held_besides: dict[str, float]  # per-device bytes resident during the Solver's micro-step beyond its arguments
+
+    def by_name(self, name: str) -> ProgramReport:
+        return next(r for r in self.reports if r.name == name)
+
+    def training_total(self) -> float:
+        """Per-device peak of the training phase: the micro-step's peak plus everything else
+        the run keeps on device meanwhile (the Solver's Adam state, the other roles)."""
+        return self.by_name("train").peak_bytes + sum(self.held_besides.values())
+
+
+def held_besides_training(cfg, params_bytes: float, opt_bytes: float) -> dict[str, float]:
+    """What `SGSRun` keeps on device while the Solver trains, besides the micro-step's
+    arguments (its parameters and gradient accumulator), per device; all roles share one
+    architecture and mesh, so each role's parameters take `params_bytes`."""
+    s = cfg.sgs
+    held = {"Solver Adam state": opt_bytes}
+    shared = cfg.model.parameter_sharing and s.use_conjecturer and s.train_conjecturer
+    if s.use_conjecturer and not shared:
+        held["Conjecturer parameters"] = params_bytes
+        if s.train_conjecturer:
+            held["Conjecturer Adam state"] = opt_bytes
+    if s.use_guide:
+        held["Guide parameters"] = params_bytes
+    return held
+
+
+def plan_programs(
+    cfg,
+    topo: Topology,
+    programs: Sequence[str] = PROGRAMS,
+    num_layers: int | None = None,
+    micro_batch: int | None = None,
+    seq_len: int | None = None,
+    prompt_len: int = 1024,
+    preset_name: str = DEFAULT_PRESET,
+    hlo_dir: str | None = None,
+) -> Plan:
+    """Compile `programs` of the run `cfg` describes for `topo` and report each.
+
+    micro_batch / seq_len: the training micro-batch (default: the config's micro-batch and
+    the Solver's longest bucket). prompt_len: prefill prompt length (at most the Solver's
+    max_total_len - 1, rounded up to its bucket). The sampler runs max_batch slots over a
+    cache of the Solver's max_total_len; decode attends over the whole cache (the longest
+    window). hlo_dir: write each program's optimised HLO there as NAME.hlo.txt.
+    """
+    unknown = set(programs) - set(PROGRAMS)
+    if unknown:
+        raise ValueError(f"unknown programs {sorted(unknown)}; choose from {PROGRAMS}")
+    model_config, source = plan_model_config(cfg, num_layers, preset_name)
+    mesh, order = mesh_and_order(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=topo.devices)
+    mesh_shape = dict(mesh.shape)
+    graphdef, abstract = abstract_model(model_config)
+    tc = solver_train_config(cfg, micro_batch)
+    reports: list[ProgramReport] = []
+
+    def compile_program(name: str, lower):
+        compiled, wall, cpu = compile_timed(lower)
+        if hlo_dir:
+            os.makedirs(hlo_dir, exist_ok=True)
+            with open(os.path.join(hlo_dir, f"{name}.hlo.txt"), "w") as f:
+                f.write(compiled.as_text())
+        return compiled, dict(compile_s=wall, compile_cpu_s=cpu)
+
+    n_matmul = non_embedding_params(model_config)
+    devices = topo.num_devices
+    held: dict[str, float] = {}
+    if "train" in programs or "apply" in programs:
+        progs = programs_for(graphdef, abstract, tc, mesh)
+        length = seq_len or tc.buckets[-1]
+        params, acc, opt = progs.abstract_params, progs.abstract_acc, progs.abstract_opt_state
+        held = held_besides_training(cfg, resident_bytes(params), resident_bytes(opt))
+        if "train" in programs:
+            compiled, timing = compile_program("train", lambda: progs.accumulate.lower(params, acc, progs.abstract_micro_batch(length)))
+            tokens = tc.micro_batch_size * length
+            reports.append(report("train", compiled, topo, mesh_shape, f"micro-batch {tc.micro_batch_size} x {length} tokens", **timing,
+                                  tokens=tokens, useful_flops=6.0 * n_matmul * tokens / devices,
+                                  notes=[f"MFU counts 6 x {n_matmul / 1e9:.2f}B non-embedding parameters x tokens (no attention FLOPs)"]))
+        if "apply" in programs:
+            compiled, timing = compile_program("apply", lambda: progs.apply.lower(params, opt, acc))
+            reports.append(report("apply", compiled, topo, mesh_shape, "one optimiser update", **timing))
+    if "prefill" in programs or "decode" in programs:
+        sampler = Sampler(model_config, mesh=mesh, max_batch=cfg.sampling.max_batch)
+        max_total = cfg.sampling.solver_max_total_len
+        bucket = bucket_for(min(prompt_len, max_total - 1), DEFAULT_PROMPT_BUCKETS)
+        cache_len = cache_length(bucket, max_total, max_total)
+        slots = sampler.max_batch
+        if "prefill" in programs:
+            batch = min(sampler.prefill_batch, slots)
+            compiled, timing = compile_program("prefill", lambda: sampler.lower_prefill(slots, cache_len, bucket, batch))
+            reports.append(report("prefill", compiled, topo, mesh_shape, f"{batch} prompts x {bucket} tokens into {slots} slots x {cache_len}",
+                                  **timing, tokens=batch * bucket))
+        if "decode" in programs:
+            steps = sampler.chunk_steps
+            compiled, timing = compile_program("decode", lambda: sampler.lower_decode(slots, cache_len, cache_len))
+            reports.append(report("decode", compiled, topo, mesh_shape, f"{steps} steps x {slots} slots, window {cache_len}", **timing,
+                                  tokens=steps * slots))
+    return Plan(source, model_config, mesh_shape, order, tc, tuple(reports), tuple(replicated_parameters(abstract, mesh)), held)

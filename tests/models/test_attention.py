@@ -236,6 +236,15 @@ def test_splash_runs_per_device_under_a_mesh(reference_model_loss):
     lowered = sharded_loss.lower(state).as_text()
     assert "shard_map" in lowered or "manual" in lowered.lower()
     np.testing.assert_allclose(float(sharded_loss(state)), float(reference_model_loss[0]), atol=0, rtol=1e-6)
+    # Without a padding mask (the Trainer's right-padded rows) no segment ids travel.
+    q, k, v, _ = _inputs(4, 128, 128, 4, 2, 16, seed=5)
+
+    @jax.jit
+    def causal_only(q, k, v):
+        with activation_sharding(mesh):
+            return A.splash(q, k, v, A.AttentionMask())
+
+    np.testing.assert_allclose(np.asarray(causal_only(q, k, v)), np.asarray(A.reference(q, k, v, A.AttentionMask())), atol=TOL, rtol=0)
 
 
 def _tpu_topology_devices():

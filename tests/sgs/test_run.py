@@ -81,12 +81,38 @@ def test_log_examples_caps_what_examples_jsonl_gets(tmp_path, n):
     from sgs_jax import jsonl
     from ml_collections import ConfigDict
 
+    from sgs_jax.metrics import MetricsWriter
+
     path = tmp_path / "examples.jsonl"
     run = types.SimpleNamespace(cfg=ConfigDict({"run": {"log_examples": n}}), iteration=3,
-                                _examples=jsonl.Appender(path) if n else None)
-    SGSRun._write_examples(run, {"conjectures": ["c1", "c2"], "proofs": ["p1", "p2", "p3", "p4"]})
+                                _examples=jsonl.Appender(path) if n else None, metrics=MetricsWriter(tmp_path))
+    SGSRun._write_examples(run, {"conjectures": ["c1", "c2"], "conjecture_solve_rates": [0.5, 1.0],
+                                 "guide_replies": ["<relevance>1</relevance>", None], "proofs": ["p1", "p2", "p3", "p4"]})
+    run.metrics.close()
     records, _ = jsonl.read_records(path)
+    texts = _text_summaries(tmp_path)
     if n == 0:
-        assert records == []
+        assert records == [] and texts == {}
     else:
-        assert records == [{"iteration": 3, "conjectures": ["c1", "c2"][:n], "proofs": ["p1", "p2", "p3", "p4"][:n]}]
+        assert records == [{"iteration": 3, "conjectures": ["c1", "c2"][:n], "conjecture_solve_rates": [0.5, 1.0][:n],
+                            "guide_replies": ["<relevance>1</relevance>", None][:n], "proofs": ["p1", "p2", "p3", "p4"][:n]}]
+        assert set(texts) == {("examples/conjectures", 3), ("examples/proofs", 3)}
+        conjectures = texts[("examples/conjectures", 3)]
+        assert "c1" in conjectures and "solve rate 0.50" in conjectures and "<relevance>1</relevance>" in conjectures
+        assert ("c2" in conjectures) == (n > 1) and ("not scored by the Guide" in conjectures) == (n > 1)
+        assert texts[("examples/proofs", 3)].count("**Proof") == min(n, 4)
+
+
+def _text_summaries(run_dir):
+    """(tag, step) -> text of every TensorBoard text summary in the run folder."""
+    import glob
+
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    out = {}
+    for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*")):
+        for event in LegacyEventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "text":
+                    out[(value.tag, event.step)] = value.tensor.string_val[0].decode()
+    return out

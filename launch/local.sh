@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Local launcher: builds a virtualenv on first use, then runs the main job or the tests.
-#   bash launch/local.sh sgs [CONFIG] [extra sgs-train flags]   SGS end to end (default: CPU testbed)
+#   bash launch/local.sh sgs [CONFIG] [sgs-train flags]         SGS end to end (default: CPU testbed), e.g.
+#       bash launch/local.sh sgs configs/no_guide.py:testbed --config.run.iterations=3
 #   bash launch/local.sh test [pytest args]                     the test suite (adds the `test` extra: torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +41,10 @@ case "$cmd" in
       config=$1
       shift
     fi
-    # Remaining arguments go to sgs-train, e.g. --set run.iterations=3
+    # Compiled programs persist across runs (a second run skips most of the first
+    # iteration's compiling); set JAX_COMPILATION_CACHE_DIR= (empty) to turn this off.
+    export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR-$PWD/.cache/jax}
+    # Remaining arguments go to sgs-train as they are, e.g. --config.run.iterations=3
     exec "$VENV/bin/sgs-train" --config "$config" "$@"
     ;;
   *)

@@ -74,10 +74,12 @@ class _Phase:
         return f"{self.count / seconds:,.1f} {self.unit}/s"
 
     def compile_started(self) -> None:
+        if not self.owner.noticed:
+            self.owner.say("compiling: each phase compiles its programs when it first runs (most of the first "
+                           "iteration's time); later iterations reuse them and compile only new shapes")
         if self.name not in self.owner.noticed:
             self.owner.noticed.add(self.name)
-            self.owner.say(f"  {self.name}: compiling {_what_compiles(self.name)} "
-                           "(first use in this process; later iterations reuse it while shapes stay the same)")
+            self.owner.say(f"  {self.name}: compiling {_what_compiles(self.name)}")
         if self.bar is not None:
             self.bar.set_postfix_str("compiling", refresh=True)
 
@@ -88,10 +90,12 @@ class _Phase:
             self.bar.set_postfix_str("", refresh=False)
 
     def close(self) -> float:
-        """End the phase, print its line; returns its wall seconds."""
+        """End the phase, print its line (none for a phase with nothing to do); returns its wall seconds."""
         seconds = time.monotonic() - self.start
         if self.bar is not None:
             self.bar.close()
+        if not self.total and not self.count:
+            return seconds
         parts = [f"{self.count:,} {self.unit} in {seconds:.1f} s ({self._rate()})"]
         if self.cache_hits:
             parts.append(f"{self.cache_hits} programs from the persistent compilation cache")

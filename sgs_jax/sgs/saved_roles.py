@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from sgs_jax.checkpoint import RunCheckpointer
+from sgs_jax.faults import fault_point
 from sgs_jax.models import Llama, ModelConfig, abstract_model
 from sgs_jax.models.hf_io import _resolve_checkpoint_dir
 from sgs_jax.parallel import state_shardings
@@ -189,6 +190,7 @@ def write_export(model: Llama, tokenizer, out: str | os.PathLike, record: dict, 
         return out
     with open(os.path.join(staging, EXPORT_INFO), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2)
+    fault_point("export", out)
     replaced = None
     if os.path.isdir(out):
         if os.listdir(out):

@@ -140,25 +140,23 @@ class MetricsWriter:
         self.run_dir = pathlib.Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / JSONL_NAME
+        kept = []
         if truncate_after is not None:
             jsonl.truncate_records(path, lambda r: isinstance(r.get("step"), int) and r["step"] <= truncate_after)
-            self._rebuild_events(jsonl.read_records(path)[0])
+            kept = jsonl.read_records(path)[0]
+            for old in self.run_dir.glob(EVENT_FILE_PREFIX + "*"):
+                old.unlink()
         self._jsonl = jsonl.Appender(path, sync=True)
+        # One event file: the kept records first, then what this writer adds. (Two files made
+        # in the same second sort by a per-process counter as text, "10" before "9", and
+        # TensorBoard reads files in name order: a later file must not hold earlier steps.)
         self._events = EventFileWriter(str(self.run_dir))
-        self._closed = False
-
-    def _rebuild_events(self, records: list[dict]) -> None:
-        """Replace this folder's event files by one holding exactly `records`."""
-        for old in self.run_dir.glob(EVENT_FILE_PREFIX + "*"):
-            old.unlink()
-        if not records:
-            return
-        writer = EventFileWriter(str(self.run_dir))
-        for record in records:
+        for record in kept:
             event = _record_event(record)
             if event is not None:
-                writer.add_event(event)
-        writer.close()
+                self._events.add_event(event)
+        self._events.flush()
+        self._closed = False
 
     def __enter__(self) -> "MetricsWriter":
         return self

@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Any, Callable, Iterator, Mapping, TextIO
 
+import jax
 from jax import monitoring
 
 from sgs_jax import metrics as M
@@ -76,10 +77,11 @@ class _Phase:
     def compile_started(self) -> None:
         if not self.owner.noticed:
             self.owner.say("compiling: each phase compiles its programs when it first runs (most of the first "
-                           "iteration's time); later iterations reuse them and compile only new shapes")
+                           "iteration's time); later iterations compile only new shapes")
         if self.name not in self.owner.noticed:
             self.owner.noticed.add(self.name)
-            self.owner.say(f"  {self.name}: compiling {_what_compiles(self.name)}")
+            cached = " (or loading it from the persistent compilation cache)" if jax.config.jax_compilation_cache_dir else ""
+            self.owner.say(f"  {self.name}: compiling {_what_compiles(self.name)}{cached}")
         if self.bar is not None:
             self.bar.set_postfix_str("compiling", refresh=True)
 
@@ -216,21 +218,21 @@ def _count(scalars: Mapping[str, float], name: str) -> int:
     return int(round(scalars.get(name, 0.0)))
 
 
-def iteration_summary(iteration: int, total: int, scalars: Mapping[str, float], num_targets: int, seconds: float,
-                      compile_seconds: float, k: int, conjecturer: str, guide: bool) -> str:
+def iteration_summary(iteration: int, total: int, scalars: Mapping[str, float], solved: int, num_targets: int,
+                      seconds: float, compile_seconds: float, k: int, conjecturer: str, guide: bool) -> str:
     """The lines printed after an iteration, from its logged scalars.
 
-    iteration: iterations completed (the metrics' step). num_targets: |D|. k: Solver
-    samples per problem. conjecturer: "trained", "frozen" or "none" (no Conjecturer: no
+    iteration: iterations completed (the metrics' step). solved / num_targets: targets
+    solved so far / |D|. seconds, compile_seconds: the iteration's wall time and the part
+    of it spent compiling. k: Solver samples per problem. conjecturer: "trained", "frozen" or "none" (no Conjecturer: no
     conjecture numbers are shown). guide: whether the Guide scores conjectures.
     """
-    solved = scalars[M.CUMULATIVE_SOLVE_RATE] * num_targets
     head = f"iteration {iteration}/{total} done in {seconds:.0f} s"
     if compile_seconds >= _SHOWN_COMPILE_S:
         head += f" ({compile_seconds:.0f} s of it compiling)"
     lines = [
         head,
-        f"  targets: {solved:.0f}/{num_targets} solved so far ({scalars[M.CUMULATIVE_SOLVE_RATE]:.1%}), "
+        f"  targets: {solved}/{num_targets} solved so far ({scalars[M.CUMULATIVE_SOLVE_RATE]:.1%}), "
         f"{_count(scalars, 'targets/newly_solved')} new this iteration; "
         f"pass@{k} this iteration {scalars[M.ITERATION_SOLVE_RATE]:.1%}",
     ]

@@ -239,16 +239,18 @@ class SGSRun:
             start = time.perf_counter()
             result = run_iteration(it, self.ctx, self.roles, self.target_set, self.settings, self.ei_buffer)
             seconds = time.perf_counter() - start
+            compile_seconds = self.progress.take_compile_seconds() if self.progress is not None else 0.0
             with self._commit_block():
-                self._commit(it, total, result, seconds)
+                self._commit(it, total, result, seconds, compile_seconds)
                 self._in_iteration = False
         return self.summary()
 
     def _commit_block(self):
         return self.stop.deferred() if self.stop is not None else contextlib.nullcontext()
 
-    def _commit(self, it: int, total: int, result: dict[str, Any], seconds: float) -> None:
-        """The end of iteration `it`: counters, logs, then (when due) the checkpoint."""
+    def _commit(self, it: int, total: int, result: dict[str, Any], seconds: float, compile_seconds: float = 0.0) -> None:
+        """The end of iteration `it` (`seconds` long, `compile_seconds` of it compiling):
+        counters, logs, then (when due) the checkpoint and the export."""
         self.iteration += 1
         new_generations = int(result.pop("iteration/generations"))
         self.generations += new_generations
@@ -278,7 +280,8 @@ class SGSRun:
         if self.progress is not None:
             kind = conjecturer_weights(self.cfg)
             self.progress.say(iteration_summary(
-                self.iteration, total, scalars, len(self.target_set), seconds, self.progress.take_compile_seconds(),
+                self.iteration, total, scalars, self.target_set.num_solved(), len(self.target_set), seconds,
+                compile_seconds,
                 self.settings.k, "none" if kind == CONJECTURER_NONE else "frozen" if kind == CONJECTURER_FROZEN else "trained",
                 self.settings.use_guide))
 

@@ -362,3 +362,11 @@ def test_resuming_with_another_config_is_refused(reference, tmp_path, capsys):
     code = train_cli.main(_cli_args(workdir) + ["--config.run.iterations=3", "--allow-config-change", "sgs.proofs_per_problem"])
     assert code == 2 and "cannot change on resume" in capsys.readouterr().err
     assert (workdir / "config.json").read_bytes() == recorded
+    # Allowed: the same command with the field named extends the run, and says so on disk.
+    code = train_cli.main(_cli_args(workdir) + ["--config.run.iterations=3", "--allow-config-change=run.iterations"])
+    assert code == 0, capsys.readouterr().err
+    assert "resumed from iteration 2 of 3" in capsys.readouterr().out
+    assert json.loads((workdir / "config.json").read_text())["run"]["iterations"] == 3
+    (change,) = [json.loads(line) for line in open(workdir / "config_changes.jsonl")]
+    assert change["from_iteration"] == 2 and change["changes"] == {"run.iterations": {"recorded": 2, "new": 3}}
+    assert [r["step"] for r in jsonl.read_records(workdir / "metrics.jsonl")[0] if "scalars" in r][-1] == 3

@@ -28,7 +28,9 @@ setup(
         "numpy>=1.26",
         "scipy>=1.11",
         "tensorboard>=2.15",
-        "ml-collections>=0.1.1",
+        "ml-collections>=1.0,<2",  # ConfigDict and config_flags (--config.FIELD=VALUE)
+        "absl-py>=1.0",  # the flags ml_collections.config_flags builds on
+        "tqdm>=4.62,<5",  # progress bars
         "matplotlib>=3.8",
     ],
     extras_require={

@@ -20,6 +20,8 @@ def get_config() -> ConfigDict:
     c.run.keep_checkpoints = 2  # newest checkpoints kept on disk (>= 1; an older one is the fallback for a damaged newest)
     c.run.log_examples = 4  # kept conjectures and verified proofs (each) written to examples.jsonl per iteration (0 = none)
     c.run.compile_cache_dir = ""  # JAX persistent compilation cache ("" = <workdir>/compile_cache, "off" = none): a resumed run loads its compiled programs
+    c.run.base_solve_rate = True  # step 0 logs base_solve_rate: the base Solver's pass@k on the targets (own seed; not trained on, not counted)
+    c.run.export_every = 0  # export the Solver as a Hugging Face checkpoint to exports/solver_iteration_N every N iterations (0 = off)
 
     c.targets = ConfigDict()
     c.targets.source = "testbed"  # testbed | file | hub

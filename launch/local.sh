@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Local launcher: builds a virtualenv on first use, then runs the main job or the tests.
-#   bash launch/local.sh sgs [CONFIG] [extra sgs-train flags]   SGS end to end (default: CPU testbed)
+#   bash launch/local.sh sgs [CONFIG] [sgs-train flags]         SGS end to end (default: CPU testbed), e.g.
+#       bash launch/local.sh sgs configs/no_guide.py:testbed --config.run.iterations=3
 #   bash launch/local.sh test [pytest args]                     the test suite (adds the `test` extra: torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,8 +44,11 @@ case "$cmd" in
       config=$1
       shift
     fi
-    # Remaining arguments go to sgs-train, e.g. --set run.iterations=3
-    exec "$VENV/bin/sgs-train" --config "$config" "$@"
+    # Compiled programs persist across runs in .cache/jax (a second run skips most of the
+    # first iteration's compiling); --config.run.compile_cache_dir=off turns this off.
+    # Remaining arguments go to sgs-train as they are, e.g. --config.run.iterations=3
+    exec "$VENV/bin/sgs-train" --config "$config" \
+      --config.run.compile_cache_dir="$PWD/.cache/jax" "$@"
     ;;
   *)
     echo "usage: bash launch/local.sh {sgs [CONFIG] [flags] | test [pytest args]}" >&2

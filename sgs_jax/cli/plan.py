@@ -9,7 +9,7 @@ Ahead-of-time compile of a run's real programs for a topology you need not have
 (TPU via libtpu's compile-only devices: pip install -e '.[tpu]'; cpu:N simulated devices;
 h100:N / h200:N compile with XLA:CPU and read the roofline with that GPU's figures):
   sgs-plan --aot v5p:2x2x2 --config configs/sgs.py:paper
-  sgs-plan --aot v5e:4x4 --config configs/sgs.py:paper --set solver_train.micro_batch_size=16
+  sgs-plan --aot v5e:4x4 --config configs/sgs.py:paper --config.solver_train.micro_batch_size=16
   sgs-plan --aot v5p:2x2x2 --config configs/sgs.py:paper --num-layers 2 --programs train,decode --json
 prints, per program and per device: memory (arguments, outputs, temporaries, code, peak,
 and whether it fits in HBM), FLOPs, HBM bytes and collective bytes per execution (loop
@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frozen", action="store_true", help="no gradients or optimizer state (the Guide; estimate only)")
     aot = p.add_argument_group("ahead-of-time compile (--aot)")
     aot.add_argument("--aot", metavar="TOPOLOGY", help="compile for KIND:SHAPE: v5p:2x2x2, v5e:4x4, v5p:2x4x4, v6e:4x4, v4:2x2x1, cpu:8, h200:8")
-    aot.add_argument("--config", default="configs/sgs.py:paper", help="run config FILE.py[:PRESET] whose programs are compiled")
-    aot.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
+    aot.add_argument("--config", default="configs/sgs.py:paper",
+                     help="run config FILE.py[:PRESET] whose programs are compiled; --config.FIELD=VALUE overrides a field (as for sgs-train)")
     aot.add_argument("--num-layers", type=int, help="model depth override (e.g. 2 for a quick plan of the full width)")
     aot.add_argument("--programs", default="train,apply,prefill,decode", help="comma-separated subset of train,apply,prefill,decode")
     aot.add_argument("--prompt-len", type=int, default=1024, help="prefill prompt length (rounded up to its bucket)")
@@ -56,7 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    from sgs_jax.config import override_names, retired_flag_error
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    retired = retired_flag_error(argv)
+    if retired is not None:
+        print(f"sgs-plan: {retired}", file=sys.stderr)
+        return 2
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    # Left over: config overrides (`--config.FIELD=VALUE`, `--config.FIELD VALUE`) and nothing else.
+    unknown, i = [], 0
+    while i < len(rest):
+        if not override_names([rest[i]]):
+            unknown.append(rest[i])
+        elif "=" not in rest[i] and i + 1 < len(rest) and not rest[i + 1].startswith("-"):
+            i += 1  # the value of `--config.FIELD VALUE`
+        i += 1
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = rest
     for name in ("data", "fsdp", "tensor", "micro_batch", "seq_len", "sample_batch", "num_layers", "prompt_len", "slices"):
         value = getattr(args, name)
         if value is not None and value <= 0:
@@ -91,7 +110,7 @@ def _aot(args) -> int:
     from sgs_jax.sgs.plan import plan_programs
 
     try:
-        cfg = load_config(args.config, args.set)
+        cfg = load_config(args.config, args.overrides)
         topo = topology(args.aot, num_slices=args.slices, chip=args.chip)
         programs = tuple(p.strip() for p in args.programs.split(",") if p.strip())
         plan = plan_programs(cfg, topo, programs, num_layers=args.num_layers, micro_batch=args.micro_batch,

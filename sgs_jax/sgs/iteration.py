@@ -19,6 +19,7 @@ from sgs_jax.faults import fault_point
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.sgs import rewards
 from sgs_jax.sgs.phases import PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase
+from sgs_jax.sgs.progress import phase
 from sgs_jax.sgs.roles import Roles
 from sgs_jax.sgs.target_set import TargetSet
 from sgs_jax.sgs.types import TARGET, Problem
@@ -84,10 +85,12 @@ def _solver_data(settings: IterationSettings, proved, new_proofs, ei_buffer) -> 
     return samples, [SequenceExample.from_training_sample(proved.prompt_ids[s.rollout.problem_id], s) for s in samples]
 
 
-def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str) -> dict[str, float]:
+def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str, progress=None) -> dict[str, float]:
     if trainer is None or not examples:
         return {f"{prefix}/train_sequences": float(len(examples) if trainer else 0)}
-    steps = trainer.train_epoch(examples, seed=seed)
+    with phase(progress, f"train {prefix.capitalize()}", len(examples), "sequences") as shown:
+        steps = trainer.train_epoch(examples, seed=seed)
+        shown.advance(len(examples))
     fault_point("training")
     out = {f"{prefix}/train_sequences": float(len(examples)), f"{prefix}/optimizer_steps": float(len(steps))}
     for key in ("loss", "grad_norm", "clip_fraction", "mean_importance_weight"):
@@ -114,11 +117,12 @@ def run_iteration(
     unsolved = target_set.unsolved()
     conj = None
     if settings.use_conjecturer and unsolved:
-        conj = conjecture_phase(
-            ctx, roles.conjecturer_model, unsolved, [t.statement for t in target_set.targets],
-            settings.conjectures_per_target, settings.condition_on_target,
-            settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
-        )
+        with phase(ctx.progress, "conjecture", len(unsolved) * settings.conjectures_per_target, "samples"):
+            conj = conjecture_phase(
+                ctx, roles.conjecturer_model, unsolved, [t.statement for t in target_set.targets],
+                settings.conjectures_per_target, settings.condition_on_target,
+                settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
+            )
         fault_point("sampling")
     kept = conj.kept if conj else ()
     # 3-6: prove every target (Expert Iteration: those with room in their proof store) and
@@ -129,10 +133,11 @@ def run_iteration(
         targets = rewards.expert_iteration_targets(targets, stored_counts, target_set.max_proofs)
     problems = [Problem.from_target(t) for t in targets]
     problems += [Problem.from_conjecture(c, target_set.by_id[c.target_id].header) for c in kept]
-    proved = prove_phase(
-        ctx, roles.solver.model, problems, settings.k, settings.solver_max_total_len,
-        phase_seed(seed, iteration, "prove"), settings.chunk_problems,
-    )
+    with phase(ctx.progress, "prove + verify", len(problems) * settings.k, "samples"):
+        proved = prove_phase(
+            ctx, roles.solver.model, problems, settings.k, settings.solver_max_total_len,
+            phase_seed(seed, iteration, "prove"), settings.chunk_problems,
+        )
     rates = proved.solve_rates()
     num_targets = len(targets)
     newly_solved = 0
@@ -148,15 +153,17 @@ def run_iteration(
     # 7: Conjecturer rewards (p70 rule, Guide scores, product, min-max)
     conj_rates = rates[num_targets:]
     conj_examples: list[SequenceExample] = []
+    guide_replies: list[str | None] = [None] * len(kept)  # for the logged examples
     if conj is not None and kept:
         keep_idx = rewards.kept_conjectures(conj_rates, settings.keep_quantile)
         guide_scores = None
         if settings.use_guide:
             pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
-            guided = guide_phase(ctx, roles.guide_model, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
+            with phase(ctx.progress, "Guide", len(pairs), "replies"):
+                guided = guide_phase(ctx, roles.guide_model, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
             guide_scores = [None] * len(kept)
-            for i, score in zip(keep_idx, guided.scores):
-                guide_scores[i] = score
+            for i, score, reply in zip(keep_idx, guided.scores, guided.replies):
+                guide_scores[i], guide_replies[i] = score, reply
             parsed = [s for s in guided.scores if s is not None]
             out[M.GUIDE_PARSE_FAILURES] = float(guided.parse_failures)
             if parsed:
@@ -170,11 +177,11 @@ def run_iteration(
     solver_samples, solver_examples = _solver_data(settings, proved, new_proofs, ei_buffer)
     # 9: updates (one epoch each; a shared model trains on both sets at once)
     if roles.shared:
-        out.update(_train(roles.solver, solver_examples + conj_examples, seed + iteration, "solver"))
+        out.update(_train(roles.solver, solver_examples + conj_examples, seed + iteration, "solver", ctx.progress))
     else:
-        out.update(_train(roles.solver, solver_examples, seed + iteration, "solver"))
+        out.update(_train(roles.solver, solver_examples, seed + iteration, "solver", ctx.progress))
         if settings.train_conjecturer:
-            out.update(_train(roles.conjecturer, conj_examples, seed + iteration + 1, "conjecturer"))
+            out.update(_train(roles.conjecturer, conj_examples, seed + iteration + 1, "conjecturer", ctx.progress))
     # 10: bookkeeping
     conj_generated = conj.generated if conj else 0
     out[M.ITERATION_SOLVE_RATE] = sum(r > 0 for r in rates[:num_targets]) / len(target_set)
@@ -207,8 +214,10 @@ def run_iteration(
             out[M.CONJECTURE_MEAN_CONCLUSION_LENGTH] = shape.mean_conclusion_length
             out[M.CONJECTURE_MEAN_CLAUSES] = shape.mean_clauses
     out["synthetic_solve_rates"] = list(conj_rates)
-    out["examples"] = {  # the run logs the first run.log_examples of each
+    out["examples"] = {  # the run logs the first run.log_examples of each (the conjecture lists are aligned)
         "conjectures": [c.statement for c in kept],
+        "conjecture_solve_rates": [float(r) for r in conj_rates],
+        "guide_replies": guide_replies,  # None: not scored (solve rate outside (0, p70], or no Guide)
         "proofs": [a.proof for g in proved.attempts for a in g if a.verified],
     }
     out["iteration/seconds"] = time.perf_counter() - start

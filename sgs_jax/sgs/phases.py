@@ -18,6 +18,7 @@ import numpy as np
 from sgs_jax.models.tokenizer import encode_chat
 from sgs_jax.sampling import Completion, Sampler, SamplingParams
 from sgs_jax.sgs import extraction, prompts
+from sgs_jax.sgs.progress import sampler_callback
 from sgs_jax.sgs.types import Attempt, ChatMessage, Conjecture, GuideScores, Problem, Rollout, Target
 from sgs_jax.sgs.rewards import parse_guide_reply
 from sgs_jax.verify import Status, Verifier, VerifyRequest
@@ -34,6 +35,7 @@ class PhaseContext:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    progress: Any = None  # a sgs_jax.sgs.progress.RunProgress to show sampling progress (None: quiet)
 
     @classmethod
     def from_config(cls, cfg, sampler: Sampler, tokenizer, verifier: Verifier, templates: prompts.PromptTemplates) -> "PhaseContext":
@@ -90,7 +92,8 @@ def sample_messages(
     problems = ctx.sampler.validate_prompts(encoded, params)
     indices = tuple(i for i in range(len(encoded)) if i not in problems)
     ids = tuple(tuple(encoded[i]) for i in indices)
-    completions = ctx.sampler.generate(model, [list(p) for p in ids], params, tokenizer=ctx.tokenizer) if ids else []
+    completions = ctx.sampler.generate(model, [list(p) for p in ids], params, tokenizer=ctx.tokenizer,
+                                       progress=sampler_callback(ctx.progress)) if ids else []
     return Sampled(indices, ids, tuple(tuple(c) for c in completions), len(problems))
 
 
@@ -251,11 +254,13 @@ def prove_phase(
 
 @dataclasses.dataclass(frozen=True)
 class GuidePhase:
-    """scores[i]: parsed rubric scores of pair i, None when the reply was unparsable."""
+    """scores[i]: parsed rubric scores of pair i, None when the reply was unparsable.
+    replies[i]: the reply's text (None when the prompt did not fit)."""
 
     scores: tuple[GuideScores | None, ...]
     parse_failures: int
     tokens: int
+    replies: tuple[str | None, ...] = ()
 
 
 def guide_phase(
@@ -271,8 +276,10 @@ def guide_phase(
     messages = [prompts.guide_messages(target, conj, ctx.templates) for target, conj in pairs]
     sampled = sample_messages(ctx, model, messages, 1, max_new_tokens, None, seed)
     scores: list[GuideScores | None] = [None] * len(pairs)
+    replies: list[str | None] = [None] * len(pairs)
     tokens = 0
     for index, samples in zip(sampled.indices, sampled.completions):
         tokens += len(samples[0].token_ids)
-        scores[index] = parse_guide_reply(samples[0].text or "")
-    return GuidePhase(tuple(scores), sum(s is None for s in scores), tokens)
+        replies[index] = samples[0].text or ""
+        scores[index] = parse_guide_reply(replies[index])
+    return GuidePhase(tuple(scores), sum(s is None for s in scores), tokens, tuple(replies))

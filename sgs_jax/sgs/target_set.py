@@ -80,7 +80,7 @@ def download_from_hub(hub_id: str = DEFAULT_HUB_ID, filename: str = DEFAULT_HUB_
             f"cannot get {filename} of the dataset {hub_id!r} from the Hugging Face hub "
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}). "
             f"Where the hub is reachable: `hf download --repo-type dataset {hub_id} {filename} --local-dir DIR`, "
-            f"then run with targets.source='file' and targets.path='DIR/{filename}'"
+            f"then run with --config.targets.source=file --config.targets.path=DIR/{filename}"
         ) from err
 
 

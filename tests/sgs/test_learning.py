@@ -34,7 +34,7 @@ def _verified_fraction(run: SGSRun, seed: int) -> float:
 def test_two_iterations_raise_the_solver_pass_rate(tmp_path):
     cfg = load_config(
         os.path.join(ROOT, "configs/sgs.py:testbed"),
-        [f"run.workdir={str(tmp_path)!r}", "targets.limit=24", "run.iterations=2", "sampling.max_batch=64"],
+        [f"--config.run.workdir={tmp_path}", "--config.targets.limit=24", "--config.run.iterations=2", "--config.sampling.max_batch=64"],
     )
     run = SGSRun(cfg)
     try:

@@ -76,7 +76,7 @@ def test_all_d3k_statements_end_in_a_live_assign_by(d3k_path):
     pytest.param({"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "2"}, marks=pytest.mark.slow),
 ])
 def test_hub_targets_unreachable_is_a_clear_error(tmp_path, env):
-    """targets.source='hub' without the hub: one TargetFileError saying how to use a file."""
+    """targets.source=hub without the hub: one TargetFileError saying how to use a file."""
     import os
     import subprocess
     import sys
@@ -90,4 +90,4 @@ def test_hub_targets_unreachable_is_a_clear_error(tmp_path, env):
     out = subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ERR cannot get D_3k_prover_dataset.json of the dataset 'LukeBailey181Pub/D_3k'")
-    assert "hf download --repo-type dataset LukeBailey181Pub/D_3k" in out.stdout and "targets.source='file'" in out.stdout
+    assert "hf download --repo-type dataset LukeBailey181Pub/D_3k" in out.stdout and "--config.targets.source=file" in out.stdout

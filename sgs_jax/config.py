@@ -105,8 +105,8 @@ def validate(cfg: ConfigDict) -> None:
         raise ConfigError(f"sgs.keep_quantile must be in (0, 1], got {cfg.sgs.keep_quantile}")
     if not cfg.model.checkpoint:
         raise ConfigError("model.checkpoint must name the base prover checkpoint (the testbed preset names the packaged one)")
-    if cfg.sgs.use_guide and not (cfg.model.guide_checkpoint or cfg.guide.sft_data):
-        raise ConfigError("with sgs.use_guide, set model.guide_checkpoint or guide.sft_data")
+    if (cfg.sgs.use_guide or cfg.guide.shadow_score) and not (cfg.model.guide_checkpoint or cfg.guide.sft_data):
+        raise ConfigError("with sgs.use_guide or guide.shadow_score, set model.guide_checkpoint or guide.sft_data")
     if cfg.targets.source == "file" and not cfg.targets.path:
         raise ConfigError("targets.path is required when targets.source='file'")
     for role in ("solver_train", "conjecturer_train"):

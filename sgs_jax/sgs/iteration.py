@@ -17,7 +17,9 @@ from sgs_jax import metrics as M
 from sgs_jax.analysis.statements import summarize_statements
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.sgs import rewards
-from sgs_jax.sgs.phases import PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase
+from sgs_jax.sgs.phases import (GuidePhase, PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase,
+                                statement_check_phase)
+from sgs_jax.sgs.statement_facts import statement_fractions
 from sgs_jax.sgs.roles import Roles
 from sgs_jax.sgs.target_set import TargetSet
 from sgs_jax.sgs.types import CONJECTURE, TARGET, Problem
@@ -40,6 +42,9 @@ class IterationSettings:
     conjecturer_max_new_tokens: int
     guide_max_new_tokens: int
     chunk_problems: int
+    check_conjecture_statement: bool = False
+    shadow_guide: bool = False
+    exact_statement_facts: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "IterationSettings":
@@ -58,6 +63,10 @@ class IterationSettings:
             guide_max_new_tokens=cfg.sampling.guide_max_new_tokens,
             # Problems per sampling call: verification of one chunk overlaps the next's sampling.
             chunk_problems=max(1, 4 * cfg.sampling.max_batch // cfg.sgs.proofs_per_problem),
+            check_conjecture_statement=cfg.sgs.check_conjecture_statement,
+            shadow_guide=cfg.guide.shadow_score and not cfg.sgs.use_guide,
+            # The testbed's statements can be analysed exactly; Lean text only heuristically.
+            exact_statement_facts=cfg.verify.backend == "prop",
         )
 
 
@@ -70,6 +79,29 @@ def _solver_samples(settings: IterationSettings, groups, target_set: TargetSet, 
     stored = {t.id: len(target_set.proofs[t.id]) for t in target_set.targets}
     ei_buffer.add_iteration(rewards.expert_iteration_samples(groups, stored, max_tokens, settings.token_aware_try))
     return ei_buffer.samples()
+
+
+# Metric names of the Guide's sub-score means: (rewarded Guide, shadow Guide).
+_GUIDE_METRICS = {
+    "parse_failures": (M.GUIDE_PARSE_FAILURES, M.GUIDE_SHADOW_PARSE_FAILURES),
+    "relevance": (M.GUIDE_RELEVANCE, M.GUIDE_SHADOW_RELEVANCE),
+    "redundancy": (M.GUIDE_REDUNDANCY, M.GUIDE_SHADOW_REDUNDANCY),
+    "complexity": (M.GUIDE_CONCLUSION_COMPLEXITY, M.GUIDE_SHADOW_CONCLUSION_COMPLEXITY),
+    "score": (M.GUIDE_SCORE, M.GUIDE_SHADOW_SCORE),
+}
+
+
+def _guide_metrics(guided: GuidePhase, shadow: bool) -> dict[str, float]:
+    """Parse failures and the means of the sub-scores and of Eq. 3 over parsed replies."""
+    names = {key: pair[shadow] for key, pair in _GUIDE_METRICS.items()}
+    out = {names["parse_failures"]: float(guided.parse_failures)}
+    parsed = [s for s in guided.scores if s is not None]
+    if parsed:
+        out[names["relevance"]] = float(np.mean([s.relevance for s in parsed]))
+        out[names["redundancy"]] = float(np.mean([s.redundancy for s in parsed]))
+        out[names["complexity"]] = float(np.mean([s.complexity for s in parsed]))
+        out[names["score"]] = float(np.mean([rewards.guide_score(*s) for s in parsed]))
+    return out
 
 
 def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str) -> dict[str, float]:
@@ -106,6 +138,12 @@ def run_iteration(
             settings.conjectures_per_target, settings.condition_on_target,
             settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
         )
+    proposed = conj.kept if conj else ()  # after extraction and dedup: what the shape metrics describe
+    if conj is not None and settings.check_conjecture_statement:
+        checked = statement_check_phase(ctx, conj, {t.id: t.header for t in target_set.targets})
+        conj = checked.conjectures
+        out[M.CONJECTURE_ILL_FORMED] = float(checked.ill_formed)
+        out[M.CONJECTURE_STATEMENT_CHECK_ERRORS] = float(checked.errors)
     kept = conj.kept if conj else ()
     # 3-6: prove every target and every kept conjecture, verify, solve rates
     problems = [Problem.from_target(t) for t in target_set.targets]
@@ -128,18 +166,14 @@ def run_iteration(
         threshold = rewards.p70_threshold(conj_rates)
         keep_idx = [i for i, s in enumerate(conj_rates) if 0.0 < s <= threshold]
         guide_scores = None
-        if settings.use_guide:
+        if settings.use_guide or settings.shadow_guide:
             pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
             guided = guide_phase(ctx, roles.guide_model, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
-            guide_scores = [None] * len(kept)
-            for i, score in zip(keep_idx, guided.scores):
-                guide_scores[i] = score
-            parsed = [s for s in guided.scores if s is not None]
-            out[M.GUIDE_PARSE_FAILURES] = float(guided.parse_failures)
-            if parsed:
-                out[M.GUIDE_RELEVANCE] = float(np.mean([s.relevance for s in parsed]))
-                out[M.GUIDE_REDUNDANCY] = float(np.mean([s.redundancy for s in parsed]))
-                out[M.GUIDE_CONCLUSION_COMPLEXITY] = float(np.mean([s.complexity for s in parsed]))
+            out.update(_guide_metrics(guided, shadow=not settings.use_guide))
+            if settings.use_guide:  # a shadow Guide's scores are logged, never rewarded
+                guide_scores = [None] * len(kept)
+                for i, score in zip(keep_idx, guided.scores):
+                    guide_scores[i] = score
         conj_rewards = rewards.conjecturer_rewards(conj_rates, guide_scores)
         conj_samples = rewards.conjecturer_samples(conj.rollouts, conj_rewards, settings.conjecturer_max_new_tokens)
         conj_examples = [SequenceExample.from_training_sample(conj.prompt_ids[s.rollout.problem_id], s) for s in conj_samples]
@@ -162,6 +196,10 @@ def run_iteration(
     conj_generated = conj.generated if conj else 0
     out[M.ITERATION_SOLVE_RATE] = float(np.mean([r > 0 for r in rates[:num_targets]]))
     out[M.CUMULATIVE_SOLVE_RATE] = target_set.solved_fraction()
+    target_rates = dict(zip((p.id for p in problems[:num_targets]), rates[:num_targets]))
+    for group, ids in target_set.groups().items():  # the hard split and the difficulty bands
+        out[f"{M.CUMULATIVE_SOLVE_RATE}/{group}"] = target_set.solved_fraction(ids)
+        out[f"{M.ITERATION_SOLVE_RATE}/{group}"] = float(np.mean([target_rates[i] > 0 for i in ids])) if ids else 0.0
     out["targets/newly_solved"] = float(newly_solved)
     out["iteration/generations"] = float(conj_generated + settings.k * len(problems))
     out["iteration/tokens"] = float(proved.tokens + (conj.tokens if conj else 0))
@@ -181,11 +219,12 @@ def run_iteration(
         out["conjectures/duplicates"] = float(conj.duplicates)
         out["conjectures/generated"] = float(conj.generated)
         out[M.CONJECTURE_KEPT] = float(len(conj_examples))
-        shape = summarize_statements([c.statement for c in kept])
+        shape = summarize_statements([c.statement for c in proposed])
         if shape.parsed:
             out[M.CONJECTURE_DISJUNCTIVE_FRACTION] = shape.disjunctive_fraction
             out[M.CONJECTURE_MEAN_CONCLUSION_LENGTH] = shape.mean_conclusion_length
             out[M.CONJECTURE_MEAN_CLAUSES] = shape.mean_clauses
+        out.update(statement_fractions([c.statement for c in proposed], exact=settings.exact_statement_facts))
     out["synthetic_solve_rates"] = list(conj_rates)
     out["examples"] = {
         "conjectures": [c.statement for c in kept[:4]],

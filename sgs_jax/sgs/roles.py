@@ -92,4 +92,4 @@ def build_roles(cfg, base: Llama, guide: Llama | None, mesh) -> Roles:
             )
         else:
             frozen = base
-    return Roles(solver, conjecturer, frozen, guide if s.use_guide else None, shared)
+    return Roles(solver, conjecturer, frozen, guide if (s.use_guide or cfg.guide.shadow_score) else None, shared)

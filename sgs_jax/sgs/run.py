@@ -124,12 +124,17 @@ class SGSRun:
         """Step 0: the targets' own statement statistics and the starting solve rate."""
         from sgs_jax.analysis.statements import summarize_statements
 
-        summary = summarize_statements([t.statement for t in self.target_set.targets])
+        from sgs_jax.sgs.statement_facts import statement_fractions
+
+        statements = [t.statement for t in self.target_set.targets]
+        summary = summarize_statements(statements)
         self.metrics.write_scalars(0, {
             M.GENERATIONS: 0.0,
             M.CUMULATIVE_SOLVE_RATE: self.target_set.solved_fraction(),
+            **{f"{M.CUMULATIVE_SOLVE_RATE}/{g}": self.target_set.solved_fraction(ids) for g, ids in self.target_set.groups().items()},
             M.TARGET_DISJUNCTIVE_FRACTION: summary.disjunctive_fraction,
             M.TARGET_MEAN_CONCLUSION_LENGTH: summary.mean_conclusion_length,
+            **statement_fractions(statements, exact=self.settings.exact_statement_facts, of_targets=True),
         })
 
     # ---- loop ---------------------------------------------------------------------------

@@ -4,14 +4,17 @@ Real SGS starts from a pretrained prover (DeepSeek-Prover-V2-7B) and a Guide fin
 it. The testbed builds both from scratch with supervised training on the packaged warm-start
 corpus (statements disjoint from the target set):
 
-  base   a tiny LLaMA trained on Solver rows (statement -> the prover's proof, in the real
-         Solver format) and Conjecturer rows (target -> a useful lemma)
+  base   a small LLaMA (`model_configs.SIZES["small"]`, 2M parameters) trained on Solver
+         rows (statement -> the pruned prover proof, in the real Solver format) and
+         Conjecturer rows (target -> one of its best lemmas, or now and then a hack)
   guide  the base fine-tuned on the teacher's rubric replies (the paper's Guide stage)
 
 Prompts come from the same templates the run uses, so the models see at run time what they
-were trained on. The packaged checkpoints were made with
+were trained on. The learning rate is constant, then divided by 3 and by 10 for the last
+two epochs of each stage (`epoch_learning_rates`). Both checkpoints are stored in bfloat16 (4 MB each) and load as
+float32. The packaged checkpoints were made with
 
-    python -m sgs_jax.sgs.testbed_pretrain --out sgs_jax/testbed/data/models
+    nice -n 5 python -m sgs_jax.sgs.testbed_pretrain --out sgs_jax/testbed/data/models
 
 and a run points `model.checkpoint` / `model.guide_checkpoint` at them (the `testbed`
 preset does), exactly as a real run points them at the prover and the released Guide.
@@ -22,18 +25,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import pathlib
+import random
+import tempfile
 import time
 
-from sgs_jax.models import ModelConfig, create_model, save_hf
+import jax.numpy as jnp
+
+from sgs_jax.models import ModelConfig, create_model, load_hf, save_hf
 from sgs_jax.rl.sft import fine_tune, sft_example, sft_pair_from_row
 from sgs_jax.sgs import prompts
 from sgs_jax.sgs.roles import copy_model
 from sgs_jax.sgs.target_set import TargetSet
 from sgs_jax.sgs.types import Problem, Target
 from sgs_jax.testbed import warmstart
-from sgs_jax.testbed.generator import DEFAULT_PATH
+from sgs_jax.testbed.generator import DEFAULT_PATH, statement_body
 from sgs_jax.testbed.model_configs import llama_config
 from sgs_jax.testbed.tokenizer import load_tokenizer
 
@@ -47,16 +53,19 @@ TEMPLATES_DIR = TESTBED_DIR / "templates"
 @dataclasses.dataclass(frozen=True)
 class PretrainSettings:
     """size: testbed model size; max_len: longest row in tokens (the Solver's cap);
-    base_epochs / guide_epochs: passes over the rows; lr: Adam learning rate."""
+    records: corpus statements used; guide_rows: Guide rows used (of about 8 per statement);
+    base_epochs / guide_epochs: passes over the rows; lr / guide_lr: Adam learning rates."""
 
-    size: str = "nano"
+    size: str = "small"
     max_len: int = 320
-    records: int = 1024
-    guide_rows: int = 1024
-    base_epochs: int = 24
-    guide_epochs: int = 6
-    lr: float = 2e-3
+    records: int = 4096
+    guide_rows: int = 4096
+    base_epochs: int = 4
+    guide_epochs: int = 2
+    lr: float = 1e-3
+    guide_lr: float = 5e-4
     batch_size: int = 32
+    micro_batch_size: int = 8  # rows sorted by length per micro-batch: less padding than one of 32
     seed: int = 0
 
 
@@ -68,8 +77,8 @@ def testbed_templates() -> prompts.PromptTemplates:
 def warmstart_rows(templates: prompts.PromptTemplates, tokenizer, max_len: int, records: int, guide_rows: int) -> dict[str, list[dict]]:
     """Solver, Conjecturer and Guide rows in the run's prompt formats, at most `max_len`
     tokens each, from corpus statements that do not coincide with a target."""
-    target_bodies = {_body(t.statement) for t in TargetSet.load(DEFAULT_PATH).targets}
-    corpus = [r for r in warmstart.load_corpus() if _body(r["statement"]) not in target_bodies][:records]
+    target_bodies = {statement_body(t.statement) for t in TargetSet.load(DEFAULT_PATH).targets}
+    corpus = [r for r in warmstart.load_corpus() if statement_body(r["statement"]) not in target_bodies][:records]
     builders = (
         lambda header, statement: prompts.solver_messages(Problem("warm", header, statement, "target", "warm"), templates)[0].content,
         lambda header, statement: prompts.conjecturer_messages(Target("warm", header, statement), True, templates)[0].content,
@@ -78,31 +87,50 @@ def warmstart_rows(templates: prompts.PromptTemplates, tokenizer, max_len: int, 
     sets = warmstart.rows_from_records(corpus, builders=builders)
     fits = lambda row: sft_example(tokenizer, sft_pair_from_row(row)).num_inputs < max_len  # noqa: E731
     sets = {role: [r for r in rows if fits(r)] for role, rows in sets.items()}
-    sets["guide"] = sets["guide"][:guide_rows]
+    # A seeded sample, so every kind of Guide pair keeps its share.
+    sets["guide"] = random.Random(0).sample(sets["guide"], min(guide_rows, len(sets["guide"])))
     return sets
+
+
+def epoch_learning_rates(lr: float, epochs: int) -> list[float]:
+    """Per epoch: `lr`, then lr/3 and lr/10 for the last two (lr/10 for the last of two)."""
+    decay = [lr / 3, lr / 10][-(epochs - 1):] if epochs > 1 else []
+    return [lr] * (epochs - len(decay)) + decay
+
+
+def train_stage(model, rows: list[dict], tokenizer, settings: PretrainSettings, lr: float, epochs: int, seed: int):
+    """Supervised epochs over `rows` with the step-decayed learning rate; returns the model."""
+    for epoch, epoch_lr in enumerate(epoch_learning_rates(lr, epochs)):
+        start = time.perf_counter()
+        model = fine_tune(model, rows, tokenizer, learning_rate=epoch_lr, batch_size=settings.batch_size,
+                          micro_batch_size=settings.micro_batch_size, max_seq_len=settings.max_len, seed=seed + 1000 * epoch)
+        log.info("epoch %d/%d (lr %.1e, %d rows): %.0fs", epoch + 1, epochs, epoch_lr, len(rows), time.perf_counter() - start)
+    return model
+
+
+def save_bfloat16(model, path: pathlib.Path, tokenizer) -> None:
+    """Save `model` as an HF checkpoint whose weights are stored in bfloat16."""
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf(model, tmp)
+        save_hf(load_hf(tmp, dtype=jnp.float32, param_dtype=jnp.bfloat16), path, tokenizer=tokenizer)
 
 
 def pretrain(settings: PretrainSettings, out: pathlib.Path) -> dict[str, int]:
     """Train and save `out/base` and `out/guide` (HF checkpoints with the tokenizer)."""
     tokenizer = load_tokenizer()
     rows = warmstart_rows(testbed_templates(), tokenizer, settings.max_len, settings.records, settings.guide_rows)
+    log.info("rows: %s", {role: len(r) for role, r in rows.items()})
     config = ModelConfig.from_hf_dict(llama_config(settings.size, max_position_embeddings=4 * settings.max_len))
-    common = dict(learning_rate=settings.lr, batch_size=settings.batch_size, micro_batch_size=settings.batch_size,
-                  max_seq_len=settings.max_len, seed=settings.seed)
     start = time.perf_counter()
     base = create_model(config, seed=settings.seed)
-    base = fine_tune(base, rows["solver"] + rows["conjecturer"], tokenizer, epochs=settings.base_epochs, **common)
-    save_hf(base, out / "base", tokenizer=tokenizer)
+    base = train_stage(base, rows["solver"] + rows["conjecturer"], tokenizer, settings, settings.lr,
+                       settings.base_epochs, settings.seed)
+    save_bfloat16(base, out / "base", tokenizer)
     log.info("base trained in %.0fs", time.perf_counter() - start)
-    guide = fine_tune(copy_model(base), rows["guide"], tokenizer, epochs=settings.guide_epochs, **common)
-    save_hf(guide, out / "guide", tokenizer=tokenizer)
+    guide = train_stage(copy_model(base), rows["guide"], tokenizer, settings, settings.guide_lr,
+                        settings.guide_epochs, settings.seed + 1)
+    save_bfloat16(guide, out / "guide", tokenizer)
     return {role: len(r) for role, r in rows.items()}
-
-
-def _body(statement: str) -> str:
-    """A statement without its `theorem NAME` head, whitespace collapsed."""
-    parts = statement.split(None, 2)
-    return " ".join(parts[2].split()) if len(parts) == 3 else statement
 
 
 def main(argv=None) -> None:

@@ -52,16 +52,33 @@ def remote_code(request: VerifyRequest, name: str) -> str:
     return request.lean_source() + "\n\n" + rules.axioms_command(name) + "\n"
 
 
-def judge_remote(item: dict[str, Any], name: str) -> VerifyResult:
-    """VerifyResult from one server result `{"id", "time", "error", "response"}`."""
+def _server_reply(item: dict[str, Any]) -> tuple[dict[str, Any] | VerifyResult, float]:
+    """(the Lean REPL reply, seconds) of one server result, or a failure in its place."""
     elapsed = float(item.get("time") or 0.0)
     error = item.get("error")
     if error:
         status = Status.TIMEOUT if "timed out" in str(error) else Status.SYSTEM_ERROR
-        return VerifyResult.failure(status, f"server: {error}"[:200], time_s=elapsed)
+        return VerifyResult.failure(status, f"server: {error}"[:200], time_s=elapsed), elapsed
     reply = item.get("response")
     if not isinstance(reply, dict):
-        return VerifyResult.failure(Status.SYSTEM_ERROR, "server result without response", time_s=elapsed)
+        return VerifyResult.failure(Status.SYSTEM_ERROR, "server result without response", time_s=elapsed), elapsed
+    return reply, elapsed
+
+
+def judge_remote_statement(item: dict[str, Any]) -> VerifyResult:
+    """VerifyResult of a statement check from one server result (see `rules.judge_statement`)."""
+    reply, elapsed = _server_reply(item)
+    if isinstance(reply, VerifyResult):
+        return reply
+    verdict = rules.judge_statement(reply)
+    return VerifyResult(verdict.verified, verdict.status, verdict.reason, tuple(reply.get("messages") or []), elapsed)
+
+
+def judge_remote(item: dict[str, Any], name: str) -> VerifyResult:
+    """VerifyResult from one server result `{"id", "time", "error", "response"}`."""
+    reply, elapsed = _server_reply(item)
+    if isinstance(reply, VerifyResult):
+        return reply
     messages = list(reply.get("messages") or [])
     verdict = rules.judge(reply, rules.axioms_from_messages(messages, name))
     return VerifyResult(verdict.verified, verdict.status, verdict.reason, tuple(messages), elapsed)
@@ -109,6 +126,8 @@ class RemoteVerifier(Verifier):
         self._ids = itertools.count()
         self._closed = False
         self._senders = [threading.Thread(target=self._sender, daemon=True, name=f"kimina-{i}") for i in range(concurrency)]
+        self._statement_lock = threading.Lock()
+        self._statement_executor: concurrent.futures.ThreadPoolExecutor | None = None  # made on first use
         for thread in self._senders:
             thread.start()
 
@@ -129,11 +148,38 @@ class RemoteVerifier(Verifier):
     def stats(self) -> dict[str, Any]:
         return self._stats.snapshot()
 
+    def check_statement(self, header: str, statement: str) -> "concurrent.futures.Future[VerifyResult]":
+        """The statement + `sorry` as one snippet of its own request (no axioms report)."""
+        if self._closed:
+            raise RuntimeError("RemoteVerifier is closed")
+        with self._statement_lock:
+            if self._statement_executor is None:
+                self._statement_executor = concurrent.futures.ThreadPoolExecutor(
+                    len(self._senders), thread_name_prefix="kimina-statement")
+        return self._statement_executor.submit(self._check_statement_now, VerifyRequest.statement_check(header, statement))
+
+    def _check_statement_now(self, request: VerifyRequest) -> VerifyResult:
+        self._stats.event("statement_check")
+        payload = {"snippets": [{"id": f"sgs-{next(self._ids)}", "code": request.lean_source() + "\n"}],
+                   "timeout": int(math.ceil(self.timeout_s)), "debug": False, "reuse": True, "infotree": None}
+        try:
+            results = self._post_with_retries(payload)
+            item = next((r for r in results if isinstance(r, dict)), None)
+            if item is None:
+                return VerifyResult.failure(Status.SYSTEM_ERROR, "server returned no result for this item")
+            return judge_remote_statement(item)
+        except RequestFailed as err:
+            return VerifyResult.failure(Status.SYSTEM_ERROR, f"remote: {err}"[:200])
+        except Exception as err:  # malformed result: never raise into a future
+            return VerifyResult.failure(Status.SYSTEM_ERROR, f"malformed server result: {err!r}"[:200])
+
     def close(self) -> None:
         """Send what is queued, then stop the sender threads."""
         if self._closed:
             return
         self._closed = True
+        if self._statement_executor is not None:
+            self._statement_executor.shutdown(wait=True)
         for _ in self._senders:
             self._queue.put(_STOP)
         for thread in self._senders:

@@ -304,3 +304,23 @@ def judge(reply: dict[str, Any], axioms: tuple[str, ...] | None) -> Verdict:
     if extra:
         return Verdict(Status.REJECTED, _short("disallowed axioms: " + ", ".join(extra)))
     return Verdict(Status.VERIFIED)
+
+
+def judge_statement(reply: dict[str, Any]) -> Verdict:
+    """Verdict of a statement check: the REPL's reply to statement + `sorry`.
+
+    VERIFIED (well-formed) iff the reply has no error message and carries the
+    declaration-uses-sorry warning (so the declaration was elaborated up to its proof);
+    other warnings, such as linters, are tolerated. LEAN_ERROR otherwise."""
+    if not isinstance(reply, dict):
+        return Verdict(Status.SYSTEM_ERROR, "reply is not a JSON object")
+    if "message" in reply and "env" not in reply:
+        return Verdict(Status.LEAN_ERROR, _short(f"REPL failure: {reply['message']}"))
+    messages = reply.get("messages") or []
+    for msg in messages:
+        if msg.get("severity") == "error":
+            return Verdict(Status.LEAN_ERROR, _short(f"error: {msg.get('data', '')}"))
+    if not any(msg.get("severity") == "warning" and any(w in str(msg.get("data", "")) for w in _SORRY_WARNINGS)
+               for msg in messages):
+        return Verdict(Status.LEAN_ERROR, "no declaration was elaborated (no sorry warning)")
+    return Verdict(Status.VERIFIED)

@@ -68,3 +68,28 @@ def test_all_d3k_statements_end_in_a_live_assign_by(d3k_path):
 
     ts = TargetSet.load(d3k_path)
     assert all(blank_lean_comments(t.statement).rstrip().endswith(":= by") for t in ts.targets)
+
+
+def test_records_survive_the_state_file_and_name_groups(tmp_path):
+    entries = {}
+    for i in range(5):
+        entry = _entry(i, ["rfl"] if i in (0, 3) else [])
+        entry.update({"difficulty": 3 * i, "band": "low" if i < 3 else "high", "hard": i >= 2})
+        entries[f"t{i}"] = entry
+    ts = TargetSet.load(_file(tmp_path, entries))
+    assert ts.records["t4"] == {"tag": "", "source": "", "difficulty": 12, "band": "high", "hard": True}
+    groups = ts.groups()
+    assert groups == {"hard": ("t2", "t3", "t4"), "band/low": ("t0", "t1", "t2"), "band/high": ("t3", "t4")}
+    assert ts.solved_fraction(groups["hard"]) == pytest.approx(1 / 3)
+    assert ts.solved_fraction(groups["band/high"]) == 0.5 and ts.solved_fraction(()) == 0.0
+    ts.save(tmp_path / "state.json")
+    again = TargetSet.load(tmp_path / "state.json")
+    assert again.records == ts.records and again.groups() == groups
+    head = ts.first(2)
+    assert len(head) == 2 and head.records["t1"]["band"] == "low" and head.proofs["t0"] == ["rfl"]
+    assert head.groups() == {"hard": (), "band/low": ("t0", "t1")}
+
+
+def test_plain_d3k_entries_have_no_groups(tmp_path):
+    ts = TargetSet.load(_file(tmp_path, {f"t{i}": _entry(i) for i in range(2)}))
+    assert ts.groups() == {}

@@ -18,12 +18,19 @@ float32. The packaged checkpoints were made with
 
 and a run points `model.checkpoint` / `model.guide_checkpoint` at them (the `testbed`
 preset does), exactly as a real run points them at the prover and the released Guide.
+
+    python -m sgs_jax.sgs.testbed_pretrain --evaluate
+
+measures the packaged models on fresh statements (`evaluate`): the Solver's pass@8, the
+Conjecturer's well-formed, true and hack fractions, the Guide's parse rate and its scores
+of useful lemmas against hacks.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import pathlib
 import random
@@ -39,7 +46,7 @@ from sgs_jax.sgs.roles import copy_model
 from sgs_jax.sgs.target_set import TargetSet
 from sgs_jax.sgs.types import Problem, Target
 from sgs_jax.testbed import warmstart
-from sgs_jax.testbed.generator import DEFAULT_PATH, statement_body
+from sgs_jax.testbed.generator import CORPUS_DISJUNCTIVE_FRACTION, DEFAULT_MIX, DEFAULT_PATH, generate, statement_body
 from sgs_jax.testbed.model_configs import llama_config
 from sgs_jax.testbed.tokenizer import load_tokenizer
 
@@ -57,10 +64,10 @@ class PretrainSettings:
     base_epochs / guide_epochs: passes over the rows; lr / guide_lr: Adam learning rates."""
 
     size: str = "small"
-    max_len: int = 320
+    max_len: int = 512
     records: int = 4096
-    guide_rows: int = 4096
-    base_epochs: int = 4
+    guide_rows: int = 3072
+    base_epochs: int = 3
     guide_epochs: int = 2
     lr: float = 1e-3
     guide_lr: float = 5e-4
@@ -133,13 +140,91 @@ def pretrain(settings: PretrainSettings, out: pathlib.Path) -> dict[str, int]:
     return {role: len(r) for role, r in rows.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """The packaged roles on `statements` fresh statements of the corpus's mix (none in the corpus).
+
+    solver_pass_at_8: statements with a verified proof among 8 samples; solver_verified:
+    verified share of the samples. conjecture_facts: `hacks.fractions` of the extracted,
+    de-duplicated conjectures (4 samples per statement); conjecture_malformed: samples
+    that extraction rejects. guide_parse_rate: parsed replies (temperature 1, as in a run);
+    guide_score / teacher_score: mean Eq. 3 score by the Guide and by its teacher, per
+    kind of pair ("lemma": a useful lemma, "hack": one of the three hacks)."""
+
+    statements: int
+    solver_pass_at_8: float
+    solver_verified: float
+    conjectures: int
+    conjecture_malformed: float
+    conjecture_facts: dict[str, float]
+    guide_pairs: int
+    guide_parse_rate: float
+    guide_score: dict[str, float]
+    teacher_score: dict[str, float]
+
+
+def evaluate(models_dir: pathlib.Path = MODELS_DIR, count: int = 64, seed: int = 2) -> Evaluation:
+    """Sample every role of the packaged models on `count` fresh statements (seeded)."""
+    import random as _random
+
+    import numpy as np
+
+    from sgs_jax.sampling import Sampler
+    from sgs_jax.sgs.phases import PhaseContext, conjecture_phase, guide_phase, prove_phase
+    from sgs_jax.sgs.rewards import guide_score
+    from sgs_jax.testbed import hacks
+    from sgs_jax.testbed.backend import PropVerifier
+
+    tokenizer = load_tokenizer(models_dir / "base")
+    base = load_hf(models_dir / "base", dtype=jnp.float32)
+    guide = load_hf(models_dir / "guide", dtype=jnp.float32)
+    ctx = PhaseContext(Sampler(base.config, max_batch=128), tokenizer, PropVerifier(), testbed_templates())
+    seen = {statement_body(r["statement"]) for r in warmstart.load_corpus()}
+    fresh = generate(DEFAULT_MIX, 2 * count, seed, prefix="eval", disjunctive_fraction=CORPUS_DISJUNCTIVE_FRACTION)
+    texts = [t for t in (g.statement.lean() for g in fresh) if statement_body(t) not in seen][:count]
+    targets = [Target(f"eval_{i}", "", t) for i, t in enumerate(texts)]
+    proved = prove_phase(ctx, base, [Problem.from_target(t) for t in targets], 8, 512, seed, chunk_problems=64)
+    rates = proved.solve_rates()
+    conj = conjecture_phase(ctx, base, targets, texts, 4, True, 128, seed)
+    rng = _random.Random(seed)
+    pairs, kinds = [], []
+    for text in texts:
+        record = warmstart.corpus_record("", text, rng)
+        if record and record["lemmas"]:
+            pairs += [(text, record["lemmas"][0])] + [(text, h) for h in record["hacks"]]
+            kinds += ["lemma"] + ["hack"] * len(record["hacks"])
+    guided = guide_phase(ctx, guide, pairs, 128, seed)
+
+    def mean_by_kind(values):
+        return {k: float(np.mean([v for v, kk in zip(values, kinds) if kk == k and v is not None])) for k in ("lemma", "hack")}
+
+    from sgs_jax.testbed.teacher import score
+
+    return Evaluation(
+        statements=len(texts),
+        solver_pass_at_8=float(np.mean([r > 0 for r in rates])),
+        solver_verified=float(np.mean(rates)),
+        conjectures=len(conj.kept),
+        conjecture_malformed=conj.malformed / conj.generated if conj.generated else 0.0,
+        conjecture_facts=hacks.fractions([c.statement for c in conj.kept]),
+        guide_pairs=len(pairs),
+        guide_parse_rate=1.0 - guided.parse_failures / len(pairs) if pairs else 0.0,
+        guide_score=mean_by_kind([guide_score(*s) if s is not None else None for s in guided.scores]),
+        teacher_score=mean_by_kind([guide_score(s.relevance, s.redundancy, s.complexity) for s in (score(t, c) for t, c in pairs)]),
+    )
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=pathlib.Path, default=MODELS_DIR)
+    ap.add_argument("--evaluate", action="store_true", help="measure the models in --out instead of training")
     for field in dataclasses.fields(PretrainSettings):
         ap.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = ap.parse_args(argv)
     logging.basicConfig(level="INFO")
+    if args.evaluate:
+        print(json.dumps(dataclasses.asdict(evaluate(args.out)), indent=1))
+        return
     settings = PretrainSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainSettings)})
     counts = pretrain(settings, args.out)
     print(f"rows {counts} -> {args.out}/base, {args.out}/guide")

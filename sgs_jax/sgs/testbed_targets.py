@@ -3,7 +3,8 @@
     nice -n 5 python -m sgs_jax.sgs.testbed_targets    # rewrites sgs_jax/testbed/data/targets.json
 
 1. `generator.candidate_pool()`: 1,200 provable multi-step statements (pruned proofs of 4+
-   tactics, 6% with a disjunctive conclusion), none of them in the warm-start corpus.
+   tactics, 6% with a disjunctive conclusion), none of them in the warm-start corpus, kept
+   when the Solver's prompt and the pruned proof fit the run's 512-token cap.
 2. Calibration: the packaged base model writes `samples` Solver proofs of each candidate
    (the run's Solver prompt, length cap and temperature, sampling seed `--seed`, a dev
    seed that no reported run uses), checked by the `prop` backend. A candidate's
@@ -32,7 +33,9 @@ import time
 import jax.numpy as jnp
 
 from sgs_jax.models import load_hf
+from sgs_jax.models.tokenizer import encode_chat
 from sgs_jax.sampling import Sampler
+from sgs_jax.sgs import prompts
 from sgs_jax.sgs.phases import PhaseContext, prove_phase
 from sgs_jax.sgs.testbed_pretrain import MODELS_DIR, testbed_templates
 from sgs_jax.sgs.types import Problem, Target
@@ -43,7 +46,15 @@ from sgs_jax.testbed.tokenizer import load_tokenizer
 log = logging.getLogger(__name__)
 
 CALIBRATION_SEED = 100  # a dev seed: reported runs use seeds below 100
-SOLVER_MAX_TOTAL_LEN = 320  # the testbed preset's sampling.solver_max_total_len
+SOLVER_MAX_TOTAL_LEN = 512  # the testbed preset's sampling.solver_max_total_len
+
+
+def solver_row_length(item: generator.Generated, tokenizer, templates: prompts.PromptTemplates) -> int:
+    """Tokens of the Solver prompt plus the completion holding the pruned proof (and EOS)."""
+    problem = Problem.from_target(Target(item.statement.name, "", item.statement.lean()))
+    prompt = encode_chat(tokenizer, [m.as_dict() for m in prompts.solver_messages(problem, templates)])
+    completion = tokenizer.encode(f"```lean4\n{item.statement.lean()}\n{item.proof}\n```", add_special_tokens=False)
+    return len(prompt) + len(completion) + 1
 
 
 def calibrate(items: list[generator.Generated], model_dir: pathlib.Path, samples: int, seed: int,
@@ -72,6 +83,8 @@ def build(model_dir: pathlib.Path, count: int, samples: int, seed: int) -> dict:
     seen = {generator.statement_body(r["statement"]) for r in warmstart.load_corpus()}
     # The corpus was built to exclude the pool; this keeps that true whatever changed since.
     pool = [g for g in generator.candidate_pool() if generator.statement_body(g.statement.lean()) not in seen]
+    tokenizer, templates = load_tokenizer(model_dir), testbed_templates()
+    pool = [g for g in pool if solver_row_length(g, tokenizer, templates) <= SOLVER_MAX_TOTAL_LEN]
     log.info("pool of %d candidates in %.0fs", len(pool), time.perf_counter() - start)
     rates = calibrate(pool, model_dir, samples, seed)
     log.info("calibrated in %.0fs: %d of %d candidates base-solvable", time.perf_counter() - start,

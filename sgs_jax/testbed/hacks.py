@@ -77,10 +77,15 @@ def easy_disjunct(statement: Statement, max_nodes: int = MAX_NODES) -> Formula |
     return next((d for d in disjuncts(core) if provable(premises, d, max_nodes)), None)
 
 
-def redundant_hypothesis(statement: Statement, max_nodes: int = MAX_NODES) -> str | None:
-    """The name of a hypothesis the (provable) statement does not need, or None."""
+def redundant_hypothesis(statement: Statement, max_nodes: int = MAX_NODES, known_provable: bool | None = None) -> str | None:
+    """The name of a hypothesis the (provable) statement does not need, or None.
+    known_provable: the statement's provability when the caller has decided it already."""
     prems = tuple(f for _, f in statement.hypotheses)
-    if not prems or not provable(prems, statement.conclusion, max_nodes):
+    if not prems:
+        return None
+    if known_provable is None:
+        known_provable = provable(prems, statement.conclusion, max_nodes)
+    if not known_provable:
         return None
     for i, (name, _) in enumerate(statement.hypotheses):
         if provable(prems[:i] + prems[i + 1 :], statement.conclusion, max_nodes):
@@ -109,14 +114,15 @@ def statement_facts(text: str) -> StatementFacts:
         statement = parse_statement(text)
     except (LeanSyntaxError, RecursionError):
         return StatementFacts(False)
-    premises = tuple(f for _, f in statement.hypotheses)
+    true = provable(tuple(f for _, f in statement.hypotheses), statement.conclusion)
     return StatementFacts(
         well_formed=True,
-        true=provable(premises, statement.conclusion),
+        true=true,
         disjunctive=is_disjunctive(statement),
-        easy_disjunct=easy_disjunct(statement) is not None,
+        # A false statement has no provable disjunct (each would prove the disjunction).
+        easy_disjunct=true and easy_disjunct(statement) is not None,
         conclusion_in_premises=conclusion_in_premises(statement),
-        redundant_premise=redundant_hypothesis(statement) is not None,
+        redundant_premise=redundant_hypothesis(statement, known_provable=true) is not None,
     )
 
 

@@ -1,6 +1,6 @@
 """sgs-jax: Self-Guided Self-Play for formal theorem proving, in JAX."""
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 setup(
     name="sgs-jax",
@@ -9,9 +9,10 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["sgs_jax", "sgs_jax.*", "configs", "configs.*"]),
-    include_package_data=True,
-    package_data={"sgs_jax": ["**/*.json", "**/*.txt", "**/*.md", "**/*.jsonl", "**/*.gz", "**/*.safetensors", "**/*.jinja"]},
+    # Data folders (prompt templates, the testbed's targets, tokenizer and models) are
+    # namespace packages, so setuptools ships them as packages with their data files.
+    packages=find_namespace_packages(include=["sgs_jax", "sgs_jax.*", "configs", "configs.*"], exclude=["*.__pycache__"]),
+    package_data={"": ["*.json", "*.txt", "*.md", "*.jsonl", "*.gz", "*.safetensors", "*.jinja"]},
     # Known-good ranges: jax, flax, orbax and transformers move fast and break each other.
     install_requires=[
         "jax>=0.7,<0.11",
@@ -20,6 +21,7 @@ setup(
         "orbax-checkpoint>=0.11,<0.13",
         "transformers>=4.50,<6",
         "tokenizers>=0.21,<0.24",
+        "jinja2>=3.1",  # chat templates (transformers needs it and does not declare it)
         "safetensors>=0.4",
         "numpy>=1.26",
         "scipy>=1.11",
@@ -37,7 +39,10 @@ setup(
             "sgs-generate=sgs_jax.cli.generate:main",
             "sgs-verify=sgs_jax.cli.verify:main",
             "sgs-report=sgs_jax.cli.report:main",
+            "sgs-experiments=sgs_jax.cli.experiments:main",
             "sgs-plan=sgs_jax.cli.plan:main",
+            "sgs-eval=sgs_jax.cli.eval:main",
+            "sgs-export=sgs_jax.cli.export:main",
         ]
     },
 )

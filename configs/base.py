@@ -41,7 +41,7 @@ def get_config() -> ConfigDict:
     c.mesh.tensor = 1  # tensor-parallel axis size
 
     c.sampling = ConfigDict()
-    c.sampling.temperature = 1.0  # all roles (SPEC Section 2)
+    c.sampling.temperature = 1.0  # all roles (method.md §2)
     c.sampling.top_p = 1.0  # nucleus threshold (1.0 = off)
     c.sampling.top_k = 0  # 0 = off
     c.sampling.solver_max_total_len = 8192  # Solver prompt + generation cap, tokens
@@ -56,7 +56,7 @@ def get_config() -> ConfigDict:
     c.sgs.use_guide = True  # False = R_guide = 1 (No Guide)
     c.sgs.conjectures_per_target = 1  # Conjecturer samples per unsolved target
     c.sgs.proofs_per_problem = 8  # k Solver samples per target and conjecture
-    c.sgs.keep_quantile = 0.7  # conjectures with solve rate above this quantile get nothing (p70)
+    c.sgs.keep_quantile = 0.7  # p70 rule: keep 0 < s <= sorted(rates in (0,1))[floor(q n)]; q in (0, 1)
     c.sgs.solver_objective = "reinforce_half"  # reinforce_half | cispo | expert_iteration
     c.sgs.token_aware_try = False  # False = plain substring `try` ban (official); True = token-aware
     c.sgs.ei_buffer_iterations = 3  # Expert Iteration: iterations of proofs kept in the buffer

@@ -1,6 +1,6 @@
 """SGS with a CISPO Solver (LR a third of REINFORCE½'s: 1e-6 in the paper preset; batch 64).
 
-Use as `configs/cispo_sgs.py:testbed` or `configs/cispo_sgs.py:paper` (SPEC Section 8)."""
+Use as `configs/cispo_sgs.py:testbed` or `configs/cispo_sgs.py:paper` (method.md §8)."""
 
 from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
 

@@ -1,6 +1,6 @@
 """CISPO Solver alone (LR a third of REINFORCE½'s: 1e-6 in the paper preset; batch 64).
 
-Use as `configs/cispo_solver_only.py:testbed` or `configs/cispo_solver_only.py:paper` (SPEC Section 8)."""
+Use as `configs/cispo_solver_only.py:testbed` or `configs/cispo_solver_only.py:paper` (method.md §8)."""
 
 from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
 

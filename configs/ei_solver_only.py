@@ -1,6 +1,6 @@
 """Expert Iteration Solver alone (batch 64).
 
-Use as `configs/ei_solver_only.py:testbed` or `configs/ei_solver_only.py:paper` (SPEC Section 8)."""
+Use as `configs/ei_solver_only.py:testbed` or `configs/ei_solver_only.py:paper` (method.md §8)."""
 
 from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
 

@@ -1,6 +1,6 @@
 """SGS with the base model as a frozen Conjecturer and no Guide.
 
-Use as `configs/frozen_conjecturer.py:testbed` or `configs/frozen_conjecturer.py:paper` (SPEC Section 8)."""
+Use as `configs/frozen_conjecturer.py:testbed` or `configs/frozen_conjecturer.py:paper` (method.md §8)."""
 
 from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
 

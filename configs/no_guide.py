@@ -1,6 +1,6 @@
 """SGS without the Guide: R_guide = 1.
 
-Use as `configs/no_guide.py:testbed` or `configs/no_guide.py:paper` (SPEC Section 8)."""
+Use as `configs/no_guide.py:testbed` or `configs/no_guide.py:paper` (method.md §8)."""
 
 from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
 

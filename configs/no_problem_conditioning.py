@@ -1,6 +1,6 @@
 """SGS whose Conjecturer prompt does not show the target; no Guide.
 
-Use as `configs/no_problem_conditioning.py:testbed` or `configs/no_problem_conditioning.py:paper` (SPEC Section 8)."""
+Use as `configs/no_problem_conditioning.py:testbed` or `configs/no_problem_conditioning.py:paper` (method.md §8)."""
 
 from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
 

@@ -1,6 +1,6 @@
 """REINFORCE½ Solver alone: no Conjecturer, no Guide.
 
-Use as `configs/rl_baseline.py:testbed` or `configs/rl_baseline.py:paper` (SPEC Section 8)."""
+Use as `configs/rl_baseline.py:testbed` or `configs/rl_baseline.py:paper` (method.md §8)."""
 
 from configs.presets import PRESETS, experiment  # noqa: F401  (PRESETS: listed by tests and tools)
 

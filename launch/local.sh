@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local launcher: builds a virtualenv on first use, then runs the main job or the tests.
 #   bash launch/local.sh sgs [CONFIG] [extra sgs-train flags]   SGS end to end (default: CPU testbed)
-#   bash launch/local.sh test [pytest args]                     the test suite
+#   bash launch/local.sh test [pytest args]                     the test suite (adds the `test` extra: torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${SGS_VENV:-.venv}
@@ -10,17 +10,22 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-# Re-install when setup.py changed since the last install (cheap no-op otherwise).
-stamp="$VENV/.sgs_jax_installed"
-if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ]; then
-  "$VENV/bin/python" -m pip install -q -e '.[test]'
-  touch "$stamp"
-fi
+# install EXTRA: the package (plus the named extra) when setup.py changed since the last
+# such install (a cheap no-op otherwise). The main job needs no extra; the tests add
+# `test` (pytest and the PyTorch reference of the parity tests).
+install() {
+  local stamp="$VENV/.sgs_jax_installed${1:+_$1}"
+  if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+    "$VENV/bin/python" -m pip install -q -e ".${1:+[$1]}"
+    touch "$stamp"
+  fi
+}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 cmd=${1:-sgs}
 shift || true
 case "$cmd" in
   test)
+    install test
     set +e
     "$VENV/bin/python" -m pytest "$@"
     rc=$?
@@ -29,6 +34,7 @@ case "$cmd" in
     exit $rc
     ;;
   sgs)
+    install ""
     config=configs/sgs.py:testbed
     if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is not a flag names the config
       config=$1

@@ -60,16 +60,31 @@ class RunCheckpointer:
         errors = []
         for step in reversed(steps):
             try:
-                items = {name: ocp.args.StandardRestore(tree) for name, tree in abstract_trees.items()}
-                items["meta"] = ocp.args.JsonRestore()
-                restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+                trees, meta = self._restore(step, abstract_trees)
             except Exception as err:  # orbax raises many types for damaged files
                 log.warning("checkpoint step %d in %s cannot be restored (%s); trying an older one", step, self.directory, err)
                 errors.append(f"step {step}: {type(err).__name__}: {err}")
                 continue
-            trees = {name: restored[name] for name in abstract_trees}
-            return step, trees, dict(restored["meta"])
+            return step, trees, meta
         raise CheckpointRestoreError(f"no checkpoint in {self.directory} could be restored: " + "; ".join(errors))
+
+    def restore(self, step: int, abstract_trees: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(trees, meta) of step `step`; only the items named in `abstract_trees` are read
+        (e.g. one role's weights without the optimizer states). Raises
+        CheckpointRestoreError when the step is not saved or cannot be restored."""
+        steps = self.steps()
+        if step not in steps:
+            raise CheckpointRestoreError(f"no checkpoint of step {step} in {self.directory}; saved steps: {steps}")
+        try:
+            return self._restore(step, abstract_trees)
+        except Exception as err:  # orbax raises many types for damaged files
+            raise CheckpointRestoreError(f"checkpoint step {step} in {self.directory} cannot be restored: {type(err).__name__}: {err}") from err
+
+    def _restore(self, step: int, abstract_trees: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        items = {name: ocp.args.StandardRestore(tree) for name, tree in abstract_trees.items()}
+        items["meta"] = ocp.args.JsonRestore()
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        return {name: restored[name] for name in abstract_trees}, dict(restored["meta"])
 
     def close(self) -> None:
         self._manager.close()

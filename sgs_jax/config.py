@@ -11,7 +11,7 @@ import ast
 import importlib.util
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ml_collections import ConfigDict
 
@@ -45,18 +45,26 @@ def _get(cfg: ConfigDict, dotted: str) -> Any:
     return node
 
 
+def definition_function(path: str, name: str, kind: str) -> Callable[..., Any]:
+    """Function `name` of the Python file at `path` (a config or experiment file), the file
+    run as a module of its own. Raises ConfigError naming the `kind` of file when the file
+    or the function is missing."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{kind} {path!r} not found")
+    module_spec = importlib.util.spec_from_file_location(f"sgs_definition_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, name, None)):
+        raise ConfigError(f"{path} defines no {name}()")
+    return getattr(module, name)
+
+
 def load_config(spec: str, overrides: Sequence[str] = ()) -> ConfigDict:
     """Load `FILE.py[:PRESET]`, apply `key=value` overrides, validate."""
     path, _, preset = spec.partition(":")
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} not found")
-    module_spec = importlib.util.spec_from_file_location(f"sgs_config_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"{path} defines no get_config()")
+    get_config = definition_function(path, "get_config", "config file")
     try:
-        cfg = module.get_config(preset) if preset else module.get_config()
+        cfg = get_config(preset) if preset else get_config()
     except (KeyError, ValueError) as err:
         raise ConfigError(f"{spec}: {err}") from err
     for item in overrides:
@@ -101,8 +109,8 @@ def validate(cfg: ConfigDict) -> None:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {cfg.sampling.top_p}")
     if cfg.sampling.temperature < 0 or cfg.sampling.top_k < 0:
         raise ConfigError("sampling.temperature and sampling.top_k must be >= 0")
-    if not 0.0 < cfg.sgs.keep_quantile <= 1.0:
-        raise ConfigError(f"sgs.keep_quantile must be in (0, 1], got {cfg.sgs.keep_quantile}")
+    if not 0.0 < cfg.sgs.keep_quantile < 1.0:
+        raise ConfigError(f"sgs.keep_quantile must be in (0, 1), got {cfg.sgs.keep_quantile}")
     if not cfg.model.checkpoint:
         raise ConfigError("model.checkpoint must name the base prover checkpoint (the testbed preset names the packaged one)")
     if (cfg.sgs.use_guide or cfg.guide.shadow_score) and not (cfg.model.guide_checkpoint or cfg.guide.sft_data):
@@ -112,6 +120,12 @@ def validate(cfg: ConfigDict) -> None:
     for role in ("solver_train", "conjecturer_train"):
         if cfg[role].batch_size % cfg[role].micro_batch_size:
             raise ConfigError(f"{role}.batch_size must be a multiple of {role}.micro_batch_size")
+    if cfg.sgs.solver_objective == "cispo" and cfg.solver_train.batch_size % cfg.sgs.proofs_per_problem:
+        # CISPO batches are whole groups of k rollouts (SPEC Section 5).
+        raise ConfigError(
+            f"solver_train.batch_size ({cfg.solver_train.batch_size}) must be a multiple of "
+            f"sgs.proofs_per_problem ({cfg.sgs.proofs_per_problem}) for the cispo objective"
+        )
 
 
 def save_resolved(cfg: ConfigDict, directory: str | os.PathLike) -> str:

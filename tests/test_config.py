@@ -19,7 +19,8 @@ def test_base_loads_and_overrides():
     "override,match",
     [("run.iterations=x", "iterations"), ("nope.x=1", "unknown"), ("run.nope=1", "unknown"), ("sgs.use_guide=1", "use_guide"),
      ("run.iterations=0", "positive"), ("sgs.solver_objective='ppo'", "one of"), ("sampling.top_p=1.5", "top_p"),
-     ("solver_train.micro_batch_size=5", "multiple"), ("noequals", "key=value")],
+     ("solver_train.micro_batch_size=5", "multiple"), ("noequals", "key=value"),
+     ("sgs.keep_quantile=1.0", "keep_quantile"), ("sgs.keep_quantile=0.0", "keep_quantile")],
 )
 def test_bad_values_fail_with_the_field_name(override, match):
     with pytest.raises(ConfigError, match=match):
@@ -56,3 +57,8 @@ def test_cispo_learning_rate_is_a_third_in_every_preset():
 def test_base_without_a_checkpoint_is_rejected():
     with pytest.raises(ConfigError, match="model.checkpoint"):
         load_config(os.path.join(ROOT, "configs/base.py"))
+
+
+def test_cispo_batch_must_hold_whole_groups():
+    with pytest.raises(ConfigError, match="sgs.proofs_per_problem"):
+        load_config(os.path.join(ROOT, "configs/cispo_sgs.py:testbed"), ["solver_train.batch_size=36", "solver_train.micro_batch_size=4"])

@@ -2,14 +2,18 @@
 
 Both paths give the same RunLog (TensorBoard stores scalars as float32, so values read
 from it carry float32 rounding, a relative 6e-8). A step written twice (a run resumed
-from an earlier checkpoint) keeps its later write. A torn last JSONL line (a write cut
-off by preemption) is skipped and counted, never fatal.
+from an earlier checkpoint) keeps its later write. A JSONL line that cannot be read (torn
+by preemption, glued to a resumed write, bytes that are not UTF-8) is skipped with one
+logged warning naming the file and line number, and counted, never fatal.
+
+`read_run_config` reads the run's recorded `config.json` (None when absent or unreadable).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 from collections.abc import Mapping
 
@@ -20,6 +24,9 @@ from sgs_jax.metrics import JSONL_NAME, histogram_buckets
 
 SOURCES = ("auto", "jsonl", "tensorboard")
 EVENT_FILE_GLOB = "events.out.tfevents.*"
+CONFIG_NAME = "config.json"  # the resolved config a run records (sgs_jax.config.save_resolved)
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -42,14 +49,14 @@ class HistogramSnapshot:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RunLog:
-    """All metrics of one run. source: "jsonl" or "tensorboard". skipped_records:
-    records that could not be read (torn or malformed lines)."""
+    """All metrics of one run. source: "jsonl" or "tensorboard". skipped_lines: 1-based
+    numbers of the JSONL lines that could not be read (torn, malformed or not UTF-8)."""
 
     name: str
     source: str
     scalars: Mapping[str, Series]
     histograms: Mapping[str, tuple[HistogramSnapshot, ...]]
-    skipped_records: int = 0
+    skipped_lines: tuple[int, ...] = ()
 
     def paired(self, x_name: str, y_name: str) -> tuple[np.ndarray, np.ndarray]:
         """Values of two scalars at the steps where both were written, in step order;
@@ -73,26 +80,31 @@ def _collect(scalar_points: dict, histogram_points: dict) -> tuple[dict, dict]:
     return scalars, histograms
 
 
-def _read_jsonl(path: pathlib.Path) -> tuple[dict, dict, int]:
+def _read_jsonl(path: pathlib.Path) -> tuple[dict, dict, tuple[int, ...]]:
+    """Scalar and histogram points of a metrics.jsonl, and the numbers of the lines skipped.
+    Lines are decoded one by one, so a bad byte costs its line only."""
     scalar_points: dict = {}
     histogram_points: dict = {}
-    skipped = 0
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
+    skipped = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(raw.decode("utf-8"))
                 step = int(record["step"])
                 if "scalars" in record:
-                    for name, value in record["scalars"].items():
-                        scalar_points.setdefault(name, {})[step] = float(value)
+                    points = {str(name): float(value) for name, value in record["scalars"].items()}
+                    for name, value in points.items():
+                        scalar_points.setdefault(name, {})[step] = value
                 else:
-                    limits, counts = histogram_buckets(np.asarray(record["values"], dtype=np.float64))
-                    histogram_points.setdefault(str(record["histogram"]), {})[step] = (limits, counts)
-            except (ValueError, KeyError, TypeError, AttributeError):
-                skipped += 1
-    return scalar_points, histogram_points, skipped
+                    buckets = histogram_buckets(np.asarray(record["values"], dtype=np.float64))
+                    histogram_points.setdefault(str(record["histogram"]), {})[step] = buckets
+            except (ValueError, KeyError, TypeError, AttributeError) as err:  # UnicodeDecodeError is a ValueError
+                log.warning("%s line %d: skipped, not a readable metrics record (%s)", path, number,
+                            type(err).__name__)
+                skipped.append(number)
+    return scalar_points, histogram_points, tuple(skipped)
 
 
 def _event_files_in_write_order(run_dir: pathlib.Path) -> list[pathlib.Path]:
@@ -120,7 +132,7 @@ def _read_events(run_dir: pathlib.Path) -> tuple[dict, dict, int]:
                     limits = np.asarray(value.histo.bucket_limit, dtype=np.float64)
                     counts = np.asarray(value.histo.bucket, dtype=np.float64)
                     histogram_points.setdefault(value.tag, {})[int(event.step)] = (limits, counts)
-    return scalar_points, histogram_points, 0
+    return scalar_points, histogram_points, ()
 
 
 def load_run(run_dir: str | pathlib.Path, source: str = "auto", name: str | None = None) -> RunLog:
@@ -148,4 +160,27 @@ def load_run(run_dir: str | pathlib.Path, source: str = "auto", name: str | None
         scalar_points, histogram_points, skipped = _read_events(run_dir)
     scalars, histograms = _collect(scalar_points, histogram_points)
     return RunLog(name=name or run_dir.name, source=source, scalars=scalars,
-                  histograms=histograms, skipped_records=skipped)
+                  histograms=histograms, skipped_lines=skipped)
+
+
+def has_metrics(run_dir: str | pathlib.Path) -> bool:
+    """Whether a folder holds a run's metrics (metrics.jsonl or TensorBoard event files)."""
+    run_dir = pathlib.Path(run_dir)
+    return (run_dir / JSONL_NAME).is_file() or any(run_dir.glob(EVENT_FILE_GLOB))
+
+
+def read_run_config(run_dir: str | pathlib.Path) -> dict | None:
+    """The run's recorded config.json as a dict; None when it is absent, and None with one
+    logged warning when it cannot be read."""
+    path = pathlib.Path(run_dir) / CONFIG_NAME
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as err:
+        log.warning("%s: unreadable (%s); the run is labelled by its folder name", path, err)
+        return None
+    if not isinstance(config, dict):
+        log.warning("%s: not a JSON object; the run is labelled by its folder name", path)
+        return None
+    return config

@@ -4,20 +4,23 @@
         --num-samples 8 --temperature 1.0 --top-p 1.0 --max-new-tokens 1024
 
 Input lines: {"prompt": "..."} (encoded with the tokenizer's BOS) or {"messages": [...]}
-(chat template with the generation prompt). Output lines, in input order:
-{"index", "samples": [{"token_ids", "text", "logprobs", "finish_reason"}, ...]}, or
-{"index", "error": reason} for a line that cannot be used (bad JSON, empty prompt,
-prompt longer than the cap). Progress goes to stderr.
+(chat template with the generation prompt). Output: exactly one line per input line, in
+input order, each with its 1-based input `line` number: {"line", "samples": [{"token_ids",
+"text", "logprobs", "finish_reason"}, ...]}, or {"line", "error": reason} for a line that
+cannot be used (blank, not UTF-8, bad JSON, empty prompt, prompt longer than the cap).
+Results are written as they finish (a killed run keeps a clean prefix); --out is opened
+before any work. Progress goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
+from sgs_jax.cli.jsonl_lines import OrderedWriter, open_output, read_lines
 from sgs_jax.models.hf_io import CheckpointError, load_hf
 from sgs_jax.models.tokenizer import TokenizerError, load_tokenizer
 from sgs_jax.parallel.mesh import make_mesh
@@ -48,17 +51,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def read_records(stream: TextIO) -> list[Any]:
-    """One record per non-blank line; a line that is not JSON becomes a ValueError record."""
-    records: list[Any] = []
-    for number, line in enumerate(stream, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            records.append(ValueError(f"line {number} is not JSON: {err}"))
-    return records
+def check_checkpoint_dir(path: str) -> None:
+    """Raise CheckpointError, saying plainly what is wrong, unless `path` is a local
+    checkpoint directory with a config.json."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint directory {path!r} does not exist")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint {path!r} is a file, not a checkpoint directory")
+    if not os.listdir(path):
+        raise CheckpointError(f"checkpoint directory {path!r} is empty")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise CheckpointError(f"checkpoint directory {path!r} has no config.json (not a Hugging Face checkpoint)")
 
 
 def _progress_printer(stream: TextIO):
@@ -73,31 +76,35 @@ def _progress_printer(stream: TextIO):
 
 
 def run(args: argparse.Namespace, progress: TextIO | None) -> int:
-    """Load, generate, write; returns the number of output lines."""
-    tokenizer = load_tokenizer(args.tokenizer or args.checkpoint)
-    mesh = make_mesh(*(int(x) for x in args.mesh.split(","))) if args.mesh else None
-    model = load_hf(args.checkpoint, dtype=args.dtype, mesh=mesh)
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_new_tokens=args.max_new_tokens,
-        max_total_len=args.max_total_len,
-        num_samples=args.num_samples,
-        seed=args.seed,
-        stop_token_ids=None if args.stop_token_ids is None else tuple(args.stop_token_ids),
-    )
-    with open(args.prompts, encoding="utf-8", errors="replace") as f:
-        records = read_records(f)
-    sampler = Sampler(model.config, mesh=mesh, max_batch=args.max_batch, chunk_steps=args.chunk_steps)
-    results = generate_records(sampler, model, tokenizer, records, params, _progress_printer(progress) if progress else None)
+    """Check inputs, load, generate, writing each result as it finishes; returns the
+    number of output lines (one per input line)."""
+    check_checkpoint_dir(args.checkpoint)
+    lines = read_lines(args.prompts)
+    with open_output(args.out, args.prompts) as out:
+        tokenizer = load_tokenizer(args.tokenizer or args.checkpoint)
+        mesh = make_mesh(*(int(x) for x in args.mesh.split(","))) if args.mesh else None
+        model = load_hf(args.checkpoint, dtype=args.dtype, mesh=mesh)
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            max_total_len=args.max_total_len,
+            num_samples=args.num_samples,
+            seed=args.seed,
+            stop_token_ids=None if args.stop_token_ids is None else tuple(args.stop_token_ids),
+        )
+        records = [ValueError(line.error) if line.error else line.value for line in lines]
+        writer = OrderedWriter(out, len(lines))
+        sampler = Sampler(model.config, mesh=mesh, max_batch=args.max_batch, chunk_steps=args.chunk_steps)
+        results = generate_records(
+            sampler, model, tokenizer, records, params, _progress_printer(progress) if progress else None,
+            on_record=lambda i, result: writer.put(i, {"line": lines[i].number, **result}),
+        )
     if progress is not None:
         stats = sampler.last_stats
         summary = f"{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s, decode padding waste {stats.decode_waste:.1%}" if stats else "nothing generated"
         progress.write(f"\n[sgs-generate] {summary}\n")
-    with open(args.out, "w", encoding="utf-8") as out:
-        for result in results:
-            out.write(json.dumps(result, ensure_ascii=False) + "\n")
     errors = sum("error" in r for r in results)
     if errors:
         print(f"sgs-generate: {errors} of {len(results)} lines had errors (see their \"error\" field)", file=sys.stderr)

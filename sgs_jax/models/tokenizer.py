@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-import transformers
+# The project uses transformers for tokenizers and chat templates only; without PyTorch
+# (the main job's install) its import-time advice that models are unavailable is noise.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import transformers  # noqa: E402
 
 
 class TokenizerError(ValueError):

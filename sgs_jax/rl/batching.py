@@ -9,12 +9,13 @@ A short last micro-batch is filled with empty rows (all-zero mask, weight 0).
 
 The per-sequence normaliser (`scale`) is computed once over the whole optimiser batch
 (`sgs_jax.rl.objectives.sequence_scale`) and carried by each row, so the micro-batch
-losses sum exactly to the loss of the whole batch (SPEC Section 4 step 9).
+losses sum exactly to the loss of the whole batch (method.md §4 step 9).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Sequence
 
 import jax
@@ -109,12 +110,43 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"sequence of {length} input tokens exceeds the largest bucket {max(buckets)} (max_seq_len)")
 
 
-def batch_scale(examples: Sequence[SequenceExample], normalization: str = "batch_tokens") -> np.ndarray:
-    """[N] float32 per-sequence normaliser over the whole optimiser batch (see objectives)."""
+def batch_scale(
+    examples: Sequence[SequenceExample], normalization: str = "batch_tokens", num_groups: int | None = None
+) -> np.ndarray:
+    """[N] float32 per-sequence normaliser over the whole optimiser batch (see objectives).
+
+    num_groups: for "group_tokens", the group count to divide by (`group_batches` passes
+    the constant groups per batch); None counts the groups present."""
     lengths = np.asarray([len(e.completion_ids) for e in examples])
     mask = np.arange(max(lengths.max(initial=0), 1))[None, :] < lengths[:, None]
     group_ids = np.asarray([e.group for e in examples]) if normalization == "group_tokens" else None
-    return np.asarray(sequence_scale(jnp.asarray(mask), normalization, group_ids), np.float32)
+    return np.asarray(sequence_scale(jnp.asarray(mask), normalization, group_ids, num_groups=num_groups), np.float32)
+
+
+def group_batches(
+    examples: Sequence[SequenceExample], batch_size: int, seed: int
+) -> tuple[list[list[SequenceExample]], int]:
+    """CISPO optimiser batches (method.md §5): whole groups, shuffled, cut on group
+    boundaries, so a batch of 64 holds exactly 8 groups of 8 (the last may hold fewer).
+
+    Groups are the examples sharing `group`, in first-appearance order, each kept in its
+    input order; all must have the same size G, and `batch_size` must be a multiple of it.
+    Returns (batches, groups per batch = batch_size // G). Deterministic in `seed`.
+    """
+    groups: dict[int, list[SequenceExample]] = {}
+    for e in examples:
+        groups.setdefault(e.group, []).append(e)
+    sizes = sorted({len(g) for g in groups.values()})
+    if len(sizes) > 1:
+        raise ValueError(f"CISPO groups must all have the same size, got sizes {sizes}")
+    size = sizes[0] if sizes else 1
+    if batch_size % size:
+        raise ValueError(f"batch_size {batch_size} is not a multiple of the CISPO group size {size} (proofs per problem)")
+    per_batch = batch_size // size
+    order = list(groups.values())
+    random.Random(seed).shuffle(order)
+    batches = [[e for g in order[s : s + per_batch] for e in g] for s in range(0, len(order), per_batch)]
+    return batches, per_batch
 
 
 def _fill_row(batch: dict[str, np.ndarray], row: int, example: SequenceExample, scale: float) -> None:

@@ -1,4 +1,4 @@
-"""Solver and Conjecturer losses (SPEC Sections 4.9 and 5) as pure jnp functions.
+"""Solver and Conjecturer losses (method.md §4 step 9 and §5) as pure jnp functions.
 
 Every loss is a function of per-token log-probabilities `logprobs` [batch, tokens] of the
 generated tokens under the model being trained, a `mask` [batch, tokens] (1 on generated
@@ -11,7 +11,9 @@ Normalisations (the factor each sequence's token sum is multiplied by):
 - "batch_tokens" (default, the official code): 1 / (masked tokens in the batch).
 - "sequence" (the paper's Eq. 4): 1 / (|y_i| * number of non-empty sequences).
 - "group_tokens" (official CISPO): 1 / (tokens of the sequence's group * number of
-  non-empty groups); needs `group_ids` [batch].
+  groups); needs `group_ids` [batch]. The number of groups is `num_groups` when given
+  (the trainer passes the constant groups per optimiser batch, method.md §5), else the
+  non-empty groups present.
 With micro-batching, compute `sequence_scale` once on the whole optimiser batch and pass
 each micro-batch its slice as `scale`: the micro-batch losses then sum to the full loss.
 """
@@ -29,17 +31,22 @@ def sequence_scale(
     normalization: str = "batch_tokens",
     group_ids: jax.Array | None = None,
     dtype=jnp.float32,
+    num_groups: int | None = None,
 ) -> jax.Array:
     """Per-sequence normaliser [batch] in `dtype` (see the module docstring). Empty
     denominators count as 1, so an all-masked batch gives a zero loss, never NaN.
 
     mask: [batch, tokens], bool or 0/1. group_ids: [batch] integers, any values
     (sequences with equal ids form a group); required for "group_tokens" only.
+    num_groups: the group count "group_tokens" divides by (None: the non-empty groups
+    in `mask`); "group_tokens" only.
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}")
     if (group_ids is None) == (normalization == "group_tokens"):
         raise ValueError("group_ids is required for 'group_tokens' and only for it")
+    if num_groups is not None and (normalization != "group_tokens" or num_groups < 1):
+        raise ValueError(f"num_groups must be >= 1 and is for 'group_tokens' only, got {num_groups!r}")
     tokens = jnp.sum(mask > 0, axis=-1).astype(dtype)  # [batch]
     nonempty = (tokens > 0).astype(dtype)
     if normalization == "batch_tokens":
@@ -52,8 +59,9 @@ def sequence_scale(
     same_group = (group_ids[:, None] == group_ids[None, :]).astype(dtype)
     group_tokens = jnp.sum(same_group * tokens[None, :], axis=1)
     group_sequences = jnp.sum(same_group * nonempty[None, :], axis=1)
-    # Each non-empty sequence adds 1 / (non-empty sequences of its group): sums to #groups.
-    num_groups = jnp.sum(nonempty / jnp.maximum(group_sequences, 1.0))
+    if num_groups is None:
+        # Each non-empty sequence adds 1 / (non-empty sequences of its group): sums to #groups.
+        num_groups = jnp.sum(nonempty / jnp.maximum(group_sequences, 1.0))
     return 1.0 / (jnp.maximum(group_tokens, 1.0) * jnp.maximum(num_groups, 1.0))
 
 
@@ -74,7 +82,7 @@ def reinforce_half_loss(
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """REINFORCE½ (SPEC Section 5): the weighted NLL of generated tokens,
+    """REINFORCE½ (method.md §5): the weighted NLL of generated tokens,
     -sum_i scale_i * w_i * sum_t mask_it * logprobs_it. Also the Conjecturer's loss.
 
     logprobs, mask: [batch, tokens]; weights: [batch] (from
@@ -106,7 +114,7 @@ def expert_iteration_loss(
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Expert Iteration (SPEC Section 5): NLL of buffered correct proofs, weight 1 unless
+    """Expert Iteration (method.md §5): NLL of buffered correct proofs, weight 1 unless
     `weights` [batch] says otherwise. Shapes and metrics as `reinforce_half_loss`."""
     if weights is None:
         weights = jnp.ones(logprobs.shape[:1], jnp.promote_types(logprobs.dtype, jnp.float32))
@@ -124,7 +132,7 @@ def cispo_loss(
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """CISPO (SPEC Section 5): -sum_i scale_i * A_i * sum_t mask * sg(w_it) * logprobs_it,
+    """CISPO (method.md §5): -sum_i scale_i * A_i * sum_t mask * sg(w_it) * logprobs_it,
     w = clip(exp(logprobs - old_logprobs), 1 - eps_low, 1 + eps_high).
 
     logprobs, old_logprobs (the sampler's), mask: [batch, tokens]; advantages: [batch].

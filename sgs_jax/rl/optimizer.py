@@ -1,4 +1,4 @@
-"""The optimiser of both trained roles (SPEC Section 4 step 9), built with optax.
+"""The optimiser of both trained roles (method.md §4 step 9), built with optax.
 
 Adam with beta = (0.9, 0.95), eps 1e-8, gradient clipping at global norm 1.0, a constant
 learning rate and no weight decay. The optimiser state is always fp32, even when the

@@ -1,5 +1,5 @@
-"""Supervised fine-tuning on JSONL (prompt, completion) pairs: the Guide stage (SPEC
-Section 2) and warm starts of any role.
+"""Supervised fine-tuning on JSONL (prompt, completion) pairs: the Guide stage (method.md
+§2) and warm starts of any role.
 
 Each JSONL line is either {"messages": [{"role": "user", "content": ...}, ...],
 "completion": ...} (the testbed's warm-start format) or {"prompt": ..., "completion": ...}

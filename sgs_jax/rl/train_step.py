@@ -29,7 +29,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sgs_jax.parallel import activation_sharding, make_mesh, named_sharding, state_shardings
 from sgs_jax.rl import objectives
-from sgs_jax.rl.batching import MicroBatch, SequenceExample, batch_scale, length_buckets, make_micro_batches, padding_fraction
+from sgs_jax.rl.batching import (
+    MicroBatch,
+    SequenceExample,
+    batch_scale,
+    group_batches,
+    length_buckets,
+    make_micro_batches,
+    padding_fraction,
+)
 from sgs_jax.rl.logprobs import token_logprobs
 from sgs_jax.rl.optimizer import OptimizerConfig, make_optimizer
 
@@ -60,7 +68,7 @@ class TrainConfig:
     batch_size / micro_batch_size: sequences per optimiser step / per forward-backward.
     max_seq_len: longest model input (prompt + completion - 1) accepted.
     min_bucket: shortest length bucket. logits_chunk: positions per vocabulary chunk.
-    reset_optimizer: `train_epoch` starts from a fresh Adam state (SPEC 4.9).
+    reset_optimizer: `train_epoch` starts from a fresh Adam state (method.md §4 step 9).
     """
 
     objective: str = "reinforce_half"
@@ -243,19 +251,24 @@ class Trainer:
         """A fresh Adam state (step count 0, zero moments), as each SGS iteration starts."""
         self.opt_state = self.programs.init_opt(self.params)
 
-    def micro_batches(self, examples: Sequence[SequenceExample]) -> list[MicroBatch]:
-        """The micro-batches one optimiser step over `examples` runs."""
+    def micro_batches(self, examples: Sequence[SequenceExample], num_groups: int | None = None) -> list[MicroBatch]:
+        """The micro-batches one optimiser step over `examples` runs (num_groups: see `step`)."""
         if self.config.objective == "cispo" and any(e.old_logprobs is None for e in examples):
             raise ValueError("the cispo objective needs old_logprobs on every example")
-        scale = batch_scale(examples, self.config.normalization)
+        if self.config.normalization != "group_tokens":
+            num_groups = None  # only the group normaliser divides by a group count
+        scale = batch_scale(examples, self.config.normalization, num_groups)
         return make_micro_batches(examples, scale, self.config.micro_batch_size, self.config.buckets, self._pad_id())
 
     def _pad_id(self) -> int:
         pad = self.model.config.pad_token_id
         return 0 if pad is None else int(pad)
 
-    def step(self, examples: Sequence[SequenceExample]) -> dict[str, float]:
+    def step(self, examples: Sequence[SequenceExample], num_groups: int | None = None) -> dict[str, float]:
         """One optimiser update over `examples` (one optimiser batch, any size >= 1).
+
+        num_groups: the group count the "group_tokens" normaliser divides by (None: the
+        groups present); `train_epoch` passes the constant groups per CISPO batch.
 
         Returns loss (the whole batch's), grad_norm (before clipping), update_norm,
         param_norm, the objective's metrics combined over the batch, num_micro_batches,
@@ -263,7 +276,7 @@ class Trainer:
         """
         if not examples:
             raise ValueError("an optimiser step needs at least one example")
-        batches = self.micro_batches(examples)
+        batches = self.micro_batches(examples, num_groups)
         acc = self.programs.zero_acc(self.params)
         for batch in batches:
             acc = self.programs.accumulate(self.params, acc, batch)
@@ -276,11 +289,20 @@ class Trainer:
         return metrics
 
     def train_epoch(self, examples: Sequence[SequenceExample], seed: int | None = None) -> list[dict[str, float]]:
-        """One epoch: shuffle, then one `step` per `batch_size` examples (the last batch may
-        be smaller). Resets the optimiser first when `config.reset_optimizer`."""
+        """One epoch, one `step` per optimiser batch. Resets the optimiser first when
+        `config.reset_optimizer`.
+
+        CISPO: whole groups shuffled and batches cut on group boundaries (`group_batches`),
+        the group normaliser dividing by the constant groups per batch. Other objectives:
+        sequences shuffled, `batch_size` per batch (the last batch may be smaller).
+        """
         if self.config.reset_optimizer:
             self.reset_optimizer()
+        seed = self.config.shuffle_seed if seed is None else seed
+        if self.config.objective == "cispo":
+            batches, per_batch = group_batches(examples, self.config.batch_size, seed)
+            return [self.step(batch, per_batch) for batch in batches]
         order = list(range(len(examples)))
-        random.Random(self.config.shuffle_seed if seed is None else seed).shuffle(order)
+        random.Random(seed).shuffle(order)
         size = self.config.batch_size
         return [self.step([examples[i] for i in order[s : s + size]]) for s in range(0, len(order), size)]

@@ -42,6 +42,7 @@ from sgs_jax.sampling.shapes import (
 )
 
 ProgressFn = Callable[[int, int], None]  # (finished rows, total rows)
+PromptDoneFn = Callable[[int, list], None]  # (prompt index, its num_samples Completions)
 
 
 def _under_mesh(fn, mesh: Mesh | None):
@@ -126,11 +127,15 @@ class Sampler:
         tokenizer=None,
         max_new_tokens_per_prompt: Sequence[int] | None = None,
         progress: ProgressFn | None = None,
+        on_prompt_done: PromptDoneFn | None = None,
     ) -> list[list[Completion]]:
         """Sample `params.num_samples` completions for every prompt (token ids).
 
         model_or_params: a `Llama` or its `nnx.State` (this Sampler's architecture).
         max_new_tokens_per_prompt: optional per-prompt caps replacing params.max_new_tokens.
+        on_prompt_done: called with (prompt index, its completions) as soon as every sample
+        of that prompt has finished, in finishing order (so callers can write results as
+        they come).
         Returns completions[prompt][sample]. Raises `PromptError` (listing every bad prompt)
         before any work when a prompt is empty, out of vocabulary or has no room under
         max_total_len; `validate_prompts` lets callers filter first.
@@ -165,6 +170,8 @@ class Sampler:
         )
         counters = dict(max_window=0, decode_steps=0, slot_steps=0, generated_tokens=0, prefill_tokens=0, prefill_real_tokens=0, refills=0, chunks=0)
         state = self._empty(num_slots, cache_len)
+        table: list[list[Completion | None]] = [[None] * k for _ in range(len(prompts))]
+        remaining = [k] * len(prompts)
         while not sched.all_done:
             placed = sched.take_refill()
             if placed:
@@ -176,14 +183,21 @@ class Sampler:
                 greedy=params.greedy, filtered=params.filtered, chunk_steps=self.chunk_steps, window=window,
             )
             out, generated, done, steps = jax.device_get((out, state.generated, state.done, steps))
+            seen = len(sched.finished)
             counters["generated_tokens"] += sched.absorb(out.tokens, out.logprobs, out.entropies, generated, done)
+            for fin in sched.finished[seen:]:
+                p = fin.row.prompt_index
+                table[p][fin.row.sample_index] = _completion(fin, tokenizer)
+                remaining[p] -= 1
+                if remaining[p] == 0 and on_prompt_done is not None:
+                    on_prompt_done(p, list(table[p]))
             counters["decode_steps"] += int(steps)
             counters["slot_steps"] += int(steps) * num_slots
             counters["chunks"] += 1
             if progress is not None:
                 progress(len(sched.finished), len(rows))
         self.last_stats = GenerationStats(num_slots=num_slots, cache_len=cache_len, wall_s=time.perf_counter() - start, **counters)
-        return self._completions(sched, len(prompts), k, tokenizer)
+        return table  # type: ignore[return-value]  # every entry is filled once all rows finished
 
     def validate_prompts(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[int, str]:
         """{prompt index: reason} for every prompt that cannot be generated from."""
@@ -264,13 +278,9 @@ class Sampler:
         counters["prefill_real_tokens"] += sum(len(x) for x in prefixes)
         return self._insert(weights, state, ids, mask, source, refill, pending, limit, rng)
 
-    @staticmethod
-    def _completions(sched: SlotScheduler, num_prompts: int, k: int, tokenizer) -> list[list[Completion]]:
-        table: list[list[Completion | None]] = [[None] * k for _ in range(num_prompts)]
-        for fin in sched.finished:
-            text = decode(tokenizer, fin.token_ids) if tokenizer is not None else None
-            r = fin.row
-            table[r.prompt_index][r.sample_index] = Completion(
-                fin.token_ids, fin.logprobs, fin.entropies, fin.finish_reason, r.prompt_index, r.sample_index, text
-            )
-        return table  # type: ignore[return-value]
+
+def _completion(fin, tokenizer) -> Completion:
+    """The `Completion` of one finished row (text decoded when a tokenizer is given)."""
+    r = fin.row
+    text = decode(tokenizer, fin.token_ids) if tokenizer is not None else None
+    return Completion(fin.token_ids, fin.logprobs, fin.entropies, fin.finish_reason, r.prompt_index, r.sample_index, text)

@@ -51,6 +51,10 @@ def record_prompt(record: Any) -> TextPrompt:
     raise ValueError('each line needs "prompt" (a string) or "messages" (a list)')
 
 
+def _sample_json(c: Completion) -> dict[str, Any]:
+    return {"token_ids": list(c.token_ids), "text": c.text, "logprobs": list(c.logprobs), "finish_reason": c.finish_reason}
+
+
 def generate_records(
     sampler: Sampler,
     model_or_params,
@@ -58,28 +62,38 @@ def generate_records(
     records: Sequence[Any],
     params: SamplingParams,
     progress: Callable[[int, int], None] | None = None,
+    on_record: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One output dict per input record, in order: {"index", "samples": [...]} where each
-    sample holds token_ids, text, logprobs, finish_reason; or {"index", "error": reason}."""
-    results: list[dict[str, Any]] = [{"index": i} for i in range(len(records))]
+    """One result dict per input record, in order: {"samples": [...]} where each sample
+    holds token_ids, text, logprobs, finish_reason; or {"error": reason}.
+
+    on_record(position, result) is called once per record as soon as its result is known
+    (errors first, then each prompt when all its samples finish), so callers can write
+    results while the rest still generates.
+    """
+    results: list[dict[str, Any] | None] = [None] * len(records)
+
+    def finish(position: int, result: dict[str, Any]) -> None:
+        results[position] = result
+        if on_record is not None:
+            on_record(position, result)
+
     good: list[int] = []
     ids: list[list[int]] = []
     for i, record in enumerate(records):
         try:
             encoded = encode_prompt(tokenizer, record_prompt(record))
         except (ValueError, TokenizerError) as err:
-            results[i]["error"] = str(err)
+            finish(i, {"error": str(err)})
             continue
         good.append(i)
         ids.append(encoded)
     problems = sampler.validate_prompts(ids, params)
     for j, why in problems.items():
-        results[good[j]]["error"] = why
+        finish(good[j], {"error": why})
     keep = [j for j in range(len(ids)) if j not in problems]
-    completions = sampler.generate(model_or_params, [ids[j] for j in keep], params, tokenizer=tokenizer, progress=progress)
-    for j, samples in zip(keep, completions):
-        results[good[j]]["samples"] = [
-            {"token_ids": list(c.token_ids), "text": c.text, "logprobs": list(c.logprobs), "finish_reason": c.finish_reason}
-            for c in samples
-        ]
-    return results
+    sampler.generate(
+        model_or_params, [ids[j] for j in keep], params, tokenizer=tokenizer, progress=progress,
+        on_prompt_done=lambda n, samples: finish(good[keep[n]], {"samples": [_sample_json(c) for c in samples]}),
+    )
+    return results  # type: ignore[return-value]  # every record was finished above

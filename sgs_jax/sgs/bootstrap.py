@@ -52,7 +52,8 @@ def load_role_tokenizer(cfg):
     return load_tokenizer(cfg.model.checkpoint)
 
 
-def _load(cfg, path: str, mesh) -> Llama:
+def load_model(cfg, path: str, mesh) -> Llama:
+    """A role's checkpoint in the run's dtypes and remat policy, sharded on `mesh`."""
     return load_hf(path, dtype=jnp.dtype(cfg.model.dtype), mesh=mesh, param_dtype=jnp.dtype(cfg.model.param_dtype),
                    remat_policy=cfg.model.remat_policy)
 
@@ -61,17 +62,21 @@ def initial_models(cfg, tokenizer, mesh, workdir: str) -> tuple[Llama, Llama | N
     """(base model, Guide or None when the experiment uses no Guide)."""
     if not cfg.model.checkpoint:
         raise ValueError("model.checkpoint is empty: name the base prover checkpoint (the testbed preset names the packaged one)")
-    base = _load(cfg, cfg.model.checkpoint, mesh)
+    base = load_model(cfg, cfg.model.checkpoint, mesh)
     if not (cfg.sgs.use_guide or cfg.guide.shadow_score):
         return base, None
-    if cfg.model.guide_checkpoint:
-        return base, _load(cfg, cfg.model.guide_checkpoint, mesh)
-    saved = os.path.join(workdir, "guide")
-    if os.path.exists(os.path.join(saved, "config.json")):
-        return base, _load(cfg, saved, mesh)
+    path = guide_path(cfg, workdir)
+    if cfg.model.guide_checkpoint or os.path.exists(os.path.join(path, "config.json")):
+        return base, load_model(cfg, path, mesh)
     guide = fine_tune_guide(cfg, base, tokenizer, mesh)
-    save_hf(guide, saved, tokenizer=tokenizer)
+    save_hf(guide, path, tokenizer=tokenizer)
     return base, guide
+
+
+def guide_path(cfg, workdir: str) -> str:
+    """The run's Guide checkpoint: `model.guide_checkpoint`, else the Guide fine-tuned
+    into `workdir/guide` (which exists once the Guide stage has run)."""
+    return cfg.model.guide_checkpoint or os.path.join(workdir, "guide")
 
 
 def fine_tune_guide(cfg, base: Llama, tokenizer, mesh) -> Llama:

@@ -1,4 +1,4 @@
-"""Pull proofs and conjectures out of raw model text (SPEC Section 4, steps 2 and 4).
+"""Pull proofs and conjectures out of raw model text (method.md §4 steps 2 and 4).
 
 Every function here is total: on any input it returns an `Extraction` holding either the
 extracted text or a failure `reason` (a short code for counters) plus a `detail` for
@@ -76,7 +76,7 @@ def blank_lean_comments(text: str) -> str:
 
 
 def extract_proof(output: str) -> Extraction:
-    """Strict proof extraction from a Solver output (SPEC Section 4, step 4).
+    """Strict proof extraction from a Solver output (method.md §4 step 4).
 
     The stripped output must start with a ```` ```lean4 ```` line, end with ```` ``` ````,
     hold exactly one code block and exactly one `theorem`/`lemma`/`def`. The proof is
@@ -113,7 +113,7 @@ def extract_proof(output: str) -> Extraction:
 
 
 def extract_conjecture(output: str) -> Extraction:
-    """Conjecture extraction from a Conjecturer output (SPEC Section 4, step 2).
+    """Conjecture extraction from a Conjecturer output (method.md §4 step 2).
 
     Takes the last ```` ```lean4 ```` block; it must contain exactly one `:= by` and end
     with `sorry` or `:= by`. Returns the statement ending in ` := by`. Our additions,
@@ -167,7 +167,7 @@ def statement_key(statement: str) -> str:
 def dedup_conjectures(
     conjectures: Sequence[Conjecture], target_statements: Iterable[str]
 ) -> tuple[tuple[Conjecture, ...], tuple[Conjecture, ...]]:
-    """Drop exact duplicates of a target or of an earlier conjecture (SPEC Section 4, step 2).
+    """Drop exact duplicates of a target or of an earlier conjecture (method.md §4 step 2).
 
     "Exact" up to whitespace (see `statement_key`). Returns (kept, dropped), both in input
     order; the first of several equal conjectures is kept.

@@ -1,6 +1,6 @@
 """One SGS iteration (Algorithm 1, full batch): phases in order, rewards, updates, metrics.
 
-`run_iteration` is the whole of SPEC Section 4 steps 1-10 for one iteration; it mutates
+`run_iteration` is the whole of method.md §4 steps 1-10 for one iteration; it mutates
 only the target set (new proofs), the Expert Iteration buffer and the role weights (through
 their trainers), and returns the iteration's metrics.
 """
@@ -22,7 +22,7 @@ from sgs_jax.sgs.phases import (GuidePhase, PhaseContext, conjecture_phase, guid
 from sgs_jax.sgs.statement_facts import statement_fractions
 from sgs_jax.sgs.roles import Roles
 from sgs_jax.sgs.target_set import TargetSet
-from sgs_jax.sgs.types import CONJECTURE, TARGET, Problem
+from sgs_jax.sgs.types import TARGET, Problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,7 @@ class IterationSettings:
     use_guide: bool
     conjectures_per_target: int
     k: int
+    keep_quantile: float
     solver_objective: str
     token_aware_try: bool
     solver_max_total_len: int
@@ -56,13 +57,13 @@ class IterationSettings:
             use_guide=cfg.sgs.use_guide,
             conjectures_per_target=cfg.sgs.conjectures_per_target,
             k=cfg.sgs.proofs_per_problem,
+            keep_quantile=cfg.sgs.keep_quantile,
             solver_objective=cfg.sgs.solver_objective,
             token_aware_try=cfg.sgs.token_aware_try,
             solver_max_total_len=cfg.sampling.solver_max_total_len,
             conjecturer_max_new_tokens=cfg.sampling.conjecturer_max_new_tokens,
             guide_max_new_tokens=cfg.sampling.guide_max_new_tokens,
-            # Problems per sampling call: verification of one chunk overlaps the next's sampling.
-            chunk_problems=max(1, 4 * cfg.sampling.max_batch // cfg.sgs.proofs_per_problem),
+            chunk_problems=prove_chunk_size(cfg.sampling.max_batch, cfg.sgs.proofs_per_problem),
             check_conjecture_statement=cfg.sgs.check_conjecture_statement,
             shadow_guide=cfg.guide.shadow_score and not cfg.sgs.use_guide,
             # The testbed's statements can be analysed exactly; Lean text only heuristically.
@@ -70,15 +71,25 @@ class IterationSettings:
         )
 
 
-def _solver_samples(settings: IterationSettings, groups, target_set: TargetSet, ei_buffer) -> list:
-    max_tokens = settings.solver_max_total_len
-    if settings.solver_objective == "reinforce_half":
-        return rewards.reinforce_half_samples(groups, max_tokens, settings.token_aware_try)
+def prove_chunk_size(max_batch: int, k: int) -> int:
+    """Problems per sampling call of the prove phase (k samples each): enough to keep the
+    sampler's `max_batch` slots full, few enough that verification of one chunk overlaps
+    the next one's sampling."""
+    return max(1, 4 * max_batch // k)
+
+
+def _solver_data(settings: IterationSettings, proved, new_proofs, ei_buffer) -> tuple[list, list[SequenceExample]]:
+    """Step 8: the Solver's training samples and their sequences (method.md §4 step 8, §5)."""
+    groups, max_tokens, try_rule = proved.attempts, settings.solver_max_total_len, settings.token_aware_try
+    if settings.solver_objective == "expert_iteration":
+        ei_buffer.add_iteration(rewards.expert_iteration_samples(groups, new_proofs, proved.prompt_ids, try_rule))
+        samples = ei_buffer.samples()  # stored proofs of the last iterations, with their own prompts
+        return samples, [SequenceExample.from_training_sample(s.prompt_ids, s) for s in samples]
     if settings.solver_objective == "cispo":
-        return rewards.cispo_samples(groups, max_tokens, settings.token_aware_try)
-    stored = {t.id: len(target_set.proofs[t.id]) for t in target_set.targets}
-    ei_buffer.add_iteration(rewards.expert_iteration_samples(groups, stored, max_tokens, settings.token_aware_try))
-    return ei_buffer.samples()
+        samples = rewards.cispo_samples(groups, max_tokens, try_rule)
+    else:
+        samples = rewards.reinforce_half_samples(groups, max_tokens, try_rule)
+    return samples, [SequenceExample.from_training_sample(proved.prompt_ids[s.rollout.problem_id], s) for s in samples]
 
 
 # Metric names of the Guide's sub-score means: (rewarded Guide, shadow Guide).
@@ -124,7 +135,7 @@ def run_iteration(
     settings: IterationSettings,
     ei_buffer: rewards.ExpertIterationBuffer,
 ) -> dict[str, Any]:
-    """Steps 1-9 of SPEC Section 4 for one iteration. Returns scalar metrics plus
+    """Steps 1-9 of method.md §4 for one iteration. Returns scalar metrics plus
     'synthetic_solve_rates' (a list, for the histogram) and 'examples' (a few texts)."""
     start = time.perf_counter()
     seed = settings.seed
@@ -145,26 +156,35 @@ def run_iteration(
         out[M.CONJECTURE_ILL_FORMED] = float(checked.ill_formed)
         out[M.CONJECTURE_STATEMENT_CHECK_ERRORS] = float(checked.errors)
     kept = conj.kept if conj else ()
-    # 3-6: prove every target and every kept conjecture, verify, solve rates
-    problems = [Problem.from_target(t) for t in target_set.targets]
+    # 3-6: prove every target (Expert Iteration: those with room in their proof store) and
+    # every kept conjecture, verify, solve rates
+    targets = target_set.targets
+    if settings.solver_objective == "expert_iteration":
+        stored_counts = {t.id: len(target_set.proofs[t.id]) for t in targets}
+        targets = rewards.expert_iteration_targets(targets, stored_counts, target_set.max_proofs)
+    problems = [Problem.from_target(t) for t in targets]
     problems += [Problem.from_conjecture(c, target_set.by_id[c.target_id].header) for c in kept]
     proved = prove_phase(
         ctx, roles.solver.model, problems, settings.k, settings.solver_max_total_len,
         phase_seed(seed, iteration, "prove"), settings.chunk_problems,
     )
     rates = proved.solve_rates()
-    num_targets = len(target_set)
+    num_targets = len(targets)
     newly_solved = 0
-    for problem, group in zip(problems[:num_targets], proved.attempts[:num_targets]):
-        for attempt in group:
-            if attempt.verified:
-                newly_solved += target_set.record_proof(problem.id, attempt.proof)
+    new_proofs: dict[str, list[str]] = {}  # problem id -> proofs stored this iteration
+    for problem, group in zip(problems, proved.attempts):
+        verified = list(dict.fromkeys(a.proof for a in group if a.verified))
+        if problem.origin == TARGET:
+            before = len(target_set.proofs[problem.id])
+            for proof in verified:
+                newly_solved += target_set.record_proof(problem.id, proof)
+            verified = target_set.proofs[problem.id][before:]
+        new_proofs[problem.id] = verified
     # 7: Conjecturer rewards (p70 rule, Guide scores, product, min-max)
     conj_rates = rates[num_targets:]
     conj_examples: list[SequenceExample] = []
     if conj is not None and kept:
-        threshold = rewards.p70_threshold(conj_rates)
-        keep_idx = [i for i, s in enumerate(conj_rates) if 0.0 < s <= threshold]
+        keep_idx = rewards.kept_conjectures(conj_rates, settings.keep_quantile)
         guide_scores = None
         if settings.use_guide or settings.shadow_guide:
             pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
@@ -174,17 +194,11 @@ def run_iteration(
                 guide_scores = [None] * len(kept)
                 for i, score in zip(keep_idx, guided.scores):
                     guide_scores[i] = score
-        conj_rewards = rewards.conjecturer_rewards(conj_rates, guide_scores)
+        conj_rewards = rewards.conjecturer_rewards(conj_rates, guide_scores, settings.keep_quantile)
         conj_samples = rewards.conjecturer_samples(conj.rollouts, conj_rewards, settings.conjecturer_max_new_tokens)
         conj_examples = [SequenceExample.from_training_sample(conj.prompt_ids[s.rollout.problem_id], s) for s in conj_samples]
     # 8: Solver data
-    solver_samples = _solver_samples(settings, proved.attempts, target_set, ei_buffer)
-    origin = {p.id: p.origin for p in problems}
-    solver_examples = [
-        SequenceExample.from_training_sample(proved.prompt_ids[s.rollout.problem_id], s)
-        for s in solver_samples
-        if s.rollout.problem_id in proved.prompt_ids
-    ]
+    solver_samples, solver_examples = _solver_data(settings, proved, new_proofs, ei_buffer)
     # 9: updates (one epoch each; a shared model trains on both sets at once)
     if roles.shared:
         out.update(_train(roles.solver, solver_examples + conj_examples, seed + iteration, "solver"))
@@ -194,18 +208,22 @@ def run_iteration(
             out.update(_train(roles.conjecturer, conj_examples, seed + iteration + 1, "conjecturer"))
     # 10: bookkeeping
     conj_generated = conj.generated if conj else 0
-    out[M.ITERATION_SOLVE_RATE] = float(np.mean([r > 0 for r in rates[:num_targets]]))
+    out[M.ITERATION_SOLVE_RATE] = sum(r > 0 for r in rates[:num_targets]) / len(target_set)
     out[M.CUMULATIVE_SOLVE_RATE] = target_set.solved_fraction()
+    # Per group, as above: a target not sampled (Expert Iteration's full stores) counts as unsolved.
     target_rates = dict(zip((p.id for p in problems[:num_targets]), rates[:num_targets]))
     for group, ids in target_set.groups().items():  # the hard split and the difficulty bands
         out[f"{M.CUMULATIVE_SOLVE_RATE}/{group}"] = target_set.solved_fraction(ids)
-        out[f"{M.ITERATION_SOLVE_RATE}/{group}"] = float(np.mean([target_rates[i] > 0 for i in ids])) if ids else 0.0
+        out[f"{M.ITERATION_SOLVE_RATE}/{group}"] = float(np.mean([target_rates.get(i, 0.0) > 0 for i in ids])) if ids else 0.0
     out["targets/newly_solved"] = float(newly_solved)
-    out["iteration/generations"] = float(conj_generated + settings.k * len(problems))
+    out["targets/sampled"] = float(num_targets)
+    # Samples really drawn: a prompt skipped as too long has no attempts and adds nothing.
+    out["iteration/generations"] = float(conj_generated + sum(len(group) for group in proved.attempts))
     out["iteration/tokens"] = float(proved.tokens + (conj.tokens if conj else 0))
     out[M.SOLVER_ENTROPY] = float(np.mean(proved.entropies)) if proved.entropies else 0.0
-    out[M.SOLVER_SAMPLES_TARGETS] = float(sum(origin.get(s.rollout.problem_id) == TARGET for s in solver_samples))
-    out[M.SOLVER_SAMPLES_CONJECTURES] = float(sum(origin.get(s.rollout.problem_id) == CONJECTURE for s in solver_samples))
+    from_targets = sum(s.rollout.problem_id in target_set.by_id for s in solver_samples)
+    out[M.SOLVER_SAMPLES_TARGETS] = float(from_targets)
+    out[M.SOLVER_SAMPLES_CONJECTURES] = float(len(solver_samples) - from_targets)
     out["solver/extraction_failures"] = float(proved.extraction_failures)
     out["solver/skipped_prompts"] = float(proved.skipped_prompts)
     total_verified = sum(proved.status_counts.values())

@@ -1,4 +1,4 @@
-"""The phases of one SGS iteration (SPEC Section 4): conjecture, prove + verify, guide.
+"""The phases of one SGS iteration (method.md §4): conjecture, prove + verify, guide.
 
 Each phase samples with a role's current weights through the shared `Sampler`, turns model
 text into typed results with the pure extraction and reward functions, and never raises
@@ -34,6 +34,12 @@ class PhaseContext:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+
+    @classmethod
+    def from_config(cls, cfg, sampler: Sampler, tokenizer, verifier: Verifier, templates: prompts.PromptTemplates) -> "PhaseContext":
+        """The context of a run (or of an evaluation with a run's settings): sampling from `cfg.sampling`."""
+        return cls(sampler=sampler, tokenizer=tokenizer, verifier=verifier, templates=templates,
+                   temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k)
 
 
 def phase_seed(seed: int, iteration: int, phase: str) -> int:

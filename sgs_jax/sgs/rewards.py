@@ -1,8 +1,8 @@
-"""Rewards and selection rules of SGS (SPEC Sections 4-6), host-side and pure.
+"""Rewards and selection rules of SGS (method.md §4–§6), host-side and pure.
 
 Solver: per-rollout rewards (correct only, `try` ban, length penalty replacing the
-weight) and the three selection rules (REINFORCE½, CISPO, Expert Iteration).
-Conjecturer: the p70 rule, Eq. 3 Guide score with mean fill-in, the product reward
+weight) and the three selection rules (REINFORCE½, CISPO, Expert Iteration with its buffer
+of stored proofs). Conjecturer: the p70 rule (quantile `sgs.keep_quantile`), Eq. 3 Guide score with mean fill-in, the product reward
 R_solve · R_guide and its min-max normalisation. Guide replies are parsed here too.
 The jnp losses that consume these weights live in `sgs_jax.rl.objectives`.
 """
@@ -10,16 +10,17 @@ The jnp losses that consume these weights live in `sgs_jax.rl.objectives`.
 from __future__ import annotations
 
 import collections
+import fractions
 import math
 import re
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from sgs_jax.sgs.types import Attempt, GuideScores, Rollout, TrainingSample
-from sgs_jax.verify.rules import contains_try  # the one `try` detector (SPEC 4.8), shared with verify
+from sgs_jax.sgs.types import Attempt, GuideScores, Rollout, StoredProofSample, Target, TrainingSample
+from sgs_jax.verify.rules import contains_try  # the one `try` detector (method.md §4 step 8), shared with verify
 
-MAX_STORED_PROOFS = 16  # a target keeps at most this many verified proofs (SPEC Section 3)
+DEFAULT_KEEP_QUANTILE = 0.7  # method.md §4 step 7's p70 (configs/base.py sgs.keep_quantile)
 CISPO_STD_EPS = 1e-6
 RELEVANCE_RANGE = (0, 5)
 REDUNDANCY_RANGE = (0, 1)
@@ -77,13 +78,22 @@ def parse_guide_reply(text: str) -> GuideScores | None:
 # ------------------------------------------------------------ Conjecturer (Section 4.7)
 
 
-def p70_threshold(solve_rates: Sequence[float]) -> float:
-    """sorted(r)[floor(0.7 n)] over the n rates strictly inside (0, 1); 0 when n = 0.
+def p70_threshold(solve_rates: Sequence[float], quantile: float = DEFAULT_KEEP_QUANTILE) -> float:
+    """sorted(r)[floor(q n)] over the n rates strictly inside (0, 1); 0 when n = 0.
 
-    floor(0.7 n) is computed exactly as (7 n) // 10 (the float product 0.7 * n rounds
+    quantile q in (0, 1) (method.md §4 step 7: 0.7). floor(q n) is exact: q is read as the decimal it
+    prints as (0.7 -> 7/10), so at 0.7 it is (7 n) // 10 (the float product 0.7 * n rounds
     below the integer for n = 90, 170, 180, ...)."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"keep quantile must lie in (0, 1), got {quantile!r}")
     inside = sorted(r for r in solve_rates if 0.0 < r < 1.0)
-    return inside[(7 * len(inside)) // 10] if inside else 0.0
+    return inside[math.floor(fractions.Fraction(repr(float(quantile))) * len(inside))] if inside else 0.0
+
+
+def kept_conjectures(solve_rates: Sequence[float], quantile: float = DEFAULT_KEEP_QUANTILE) -> list[int]:
+    """Indices of the conjectures the p70 rule keeps: 0 < s <= `p70_threshold`."""
+    threshold = p70_threshold(solve_rates, quantile)
+    return [i for i, s in enumerate(solve_rates) if 0.0 < s <= threshold]
 
 
 def min_max_normalize(values: Sequence[float]) -> list[float]:
@@ -116,11 +126,12 @@ def _guide_value(score) -> float | None:
 
 
 def conjecturer_rewards(
-    solve_rates: Sequence[float], guide_scores: Sequence | None = None
+    solve_rates: Sequence[float], guide_scores: Sequence | None = None, quantile: float = DEFAULT_KEEP_QUANTILE
 ) -> list[float | None]:
     """The normalised Conjecturer reward of each conjecture, None when not kept.
 
-    solve_rates[i]: s of conjecture i in [0, 1]. Kept iff 0 < s <= p70 (`p70_threshold`).
+    solve_rates[i]: s of conjecture i in [0, 1]. Kept iff 0 < s <= p70 (`kept_conjectures`
+    with `quantile`).
     guide_scores[i]: Eq. 3 value, or a (relevance, redundancy, complexity) triple, or
     None when the Guide reply was unparsable (gets the mean of the kept conjectures'
     parsed scores); entries of conjectures that are not kept are ignored.
@@ -132,8 +143,7 @@ def conjecturer_rewards(
         raise ValueError(f"solve rates must lie in [0, 1], got {rates}")
     if guide_scores is not None and len(guide_scores) != len(rates):
         raise ValueError(f"{len(guide_scores)} guide scores for {len(rates)} conjectures")
-    threshold = p70_threshold(rates)
-    kept = [i for i, s in enumerate(rates) if 0.0 < s <= threshold]
+    kept = kept_conjectures(rates, quantile)
     if guide_scores is None:
         guide = [1.0] * len(kept)
     else:
@@ -198,15 +208,17 @@ def solver_reward(attempt: Attempt, max_tokens: int, token_aware_try: bool = Fal
 def reinforce_half_samples(
     groups: Sequence[Sequence[Attempt]], max_tokens: int, token_aware_try: bool = False
 ) -> list[TrainingSample]:
-    """REINFORCE½ data: the verified attempts of problems with 0 < s <= 0.5, weighted by
-    `solver_reward`. groups[g] holds the k attempts of problem g; group = g."""
+    """REINFORCE½ data: the verified attempts of problems with 0 < s <= 0.5, weight 1
+    (replaced by the length penalty when too long). A proof containing `try` is dropped
+    (it takes no batch slot and no share of the token denominator), as the official trainer
+    skips it. groups[g] holds the k attempts of problem g; group = g."""
     samples = []
     for g, attempts in enumerate(groups):
         if 0.0 < solve_rate(attempts) <= 0.5:
             samples += [
-                TrainingSample(a.rollout, solver_reward(a, max_tokens, token_aware_try), g)
+                TrainingSample(a.rollout, apply_length_penalty(1.0, a.rollout.num_generated_tokens, max_tokens), g)
                 for a in attempts
-                if a.verified
+                if a.verified and not contains_try(a.proof, token_aware_try)
             ]
     return samples
 
@@ -235,43 +247,83 @@ def cispo_samples(
     return samples
 
 
+def expert_iteration_targets(
+    targets: Sequence[Target], stored_proof_counts: Mapping[str, int], max_proofs: int
+) -> list[Target]:
+    """The targets Expert Iteration samples: those with fewer than `max_proofs` stored
+    proofs (`stored_proof_counts[id]`, counted before this iteration's proofs are recorded)."""
+    return [t for t in targets if stored_proof_counts.get(t.id, 0) < max_proofs]
+
+
 def expert_iteration_samples(
     groups: Sequence[Sequence[Attempt]],
-    stored_proof_counts: Mapping[str, int],
-    max_tokens: int,
+    new_proofs: Mapping[str, Sequence[str]],
+    prompt_ids: Mapping[str, Sequence[int]],
     token_aware_try: bool = False,
-) -> list[TrainingSample]:
-    """Expert Iteration data of one iteration: the verified attempts of problems with
-    s > 0 and fewer than 16 stored proofs (`stored_proof_counts[problem_id]`, 0 when
-    absent), weighted by `solver_reward` (1 unless `try` or too long)."""
+) -> list[StoredProofSample]:
+    """One iteration's Expert Iteration data: one weight-1 sample per proof that entered a
+    problem's store this iteration, de-duplicated, without `try` proofs.
+
+    groups[g]: the attempts of problem g. new_proofs[problem id]: the distinct proof texts
+    stored this iteration (a target: what `TargetSet.record_proof` added; a conjecture: its
+    distinct verified proofs). prompt_ids[problem id]: the Solver prompt's token ids. Each
+    proof's training sequence is the first verified rollout that produced it.
+    """
     samples = []
     for g, attempts in enumerate(groups):
-        stored = stored_proof_counts.get(attempts[0].rollout.problem_id, 0) if attempts else 0
-        if solve_rate(attempts) > 0.0 and stored < MAX_STORED_PROOFS:
-            samples += [
-                TrainingSample(a.rollout, solver_reward(a, max_tokens, token_aware_try), g)
-                for a in attempts
-                if a.verified
-            ]
+        if not attempts:
+            continue
+        problem_id = attempts[0].rollout.problem_id
+        wanted = set(new_proofs.get(problem_id, ()))
+        for a in attempts:
+            if a.verified and a.proof in wanted and not contains_try(a.proof, token_aware_try):
+                wanted.discard(a.proof)
+                samples.append(StoredProofSample(a.rollout, 1.0, g, a.proof, tuple(prompt_ids[problem_id])))
     return samples
 
 
 class ExpertIterationBuffer:
-    """The Expert Iteration training pool: samples of the last `window` iterations."""
+    """The Expert Iteration training pool: the stored proofs of the last `window`
+    iterations (`sgs.ei_buffer_iterations`), one sample per distinct (problem, proof)."""
 
     def __init__(self, window: int = 3):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        self._iterations: collections.deque[tuple[TrainingSample, ...]] = collections.deque(maxlen=window)
+        self._iterations: collections.deque[tuple[StoredProofSample, ...]] = collections.deque(maxlen=window)
 
-    def add_iteration(self, samples: Iterable[TrainingSample]) -> None:
+    def add_iteration(self, samples: Iterable[StoredProofSample]) -> None:
         """Append one iteration's samples; the oldest iteration falls out past `window`."""
-        self._iterations.append(tuple(samples))
+        samples = tuple(samples)
+        for s in samples:
+            if not isinstance(s, StoredProofSample):
+                raise TypeError(
+                    f"Expert Iteration buffer entries are StoredProofSample (proof text and prompt ids), got "
+                    f"{type(s).__name__}; a checkpoint that lacks them cannot resume Expert Iteration"
+                )
+        self._iterations.append(samples)
 
-    def by_iteration(self) -> list[tuple[TrainingSample, ...]]:
+    def by_iteration(self) -> list[tuple[StoredProofSample, ...]]:
         """The buffered iterations' samples, oldest first (for checkpoints)."""
         return list(self._iterations)
 
-    def samples(self) -> list[TrainingSample]:
-        """All buffered samples, oldest iteration first."""
-        return [s for iteration in self._iterations for s in iteration]
+    def to_json(self) -> list[list[dict]]:
+        """Checkpoint form: per buffered iteration, oldest first, its samples' dicts."""
+        return [[s.to_json() for s in iteration] for iteration in self._iterations]
+
+    def load_json(self, data: Iterable[Iterable[dict]]) -> None:
+        """Append the iterations of a `to_json` result (restoring a checkpoint)."""
+        for iteration in data:
+            self.add_iteration(StoredProofSample.from_json(d) for d in iteration)
+
+    def samples(self) -> list[StoredProofSample]:
+        """The training data: every buffered sample, oldest iteration first, keeping the
+        first sample of each (problem, proof) pair."""
+        seen: set[tuple[str, str]] = set()
+        out = []
+        for iteration in self._iterations:
+            for s in iteration:
+                key = (s.rollout.problem_id, s.proof)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(s)
+        return out

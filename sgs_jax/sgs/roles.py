@@ -72,24 +72,41 @@ def train_config(role_cfg, objective: str, cispo_cfg, max_seq_len: int, seed: in
     )
 
 
+# Where the Conjecturer's weights come from (`conjecturer_weights`).
+CONJECTURER_SHARED = "shared"  # the Solver's weights (parameter_sharing)
+CONJECTURER_TRAINED = "trained"  # its own trainer (checkpoint item "conjecturer")
+CONJECTURER_FROZEN = "frozen"  # the base model, never updated (ablation)
+CONJECTURER_NONE = "none"  # Solver-only experiments
+
+
+def conjecturer_weights(cfg) -> str:
+    """Which weights the configured experiment's Conjecturer samples with (see above)."""
+    s = cfg.sgs
+    if not s.use_conjecturer:
+        return CONJECTURER_NONE
+    if not s.train_conjecturer:
+        return CONJECTURER_FROZEN
+    return CONJECTURER_SHARED if cfg.model.parameter_sharing else CONJECTURER_TRAINED
+
+
 def build_roles(cfg, base: Llama, guide: Llama | None, mesh) -> Roles:
     """Trainers and frozen models for the configured experiment, all from `base`."""
     s = cfg.sgs
     max_len = cfg.sampling.solver_max_total_len
     conj_len = max_len + cfg.sampling.conjecturer_max_new_tokens
-    shared = bool(cfg.model.parameter_sharing and s.use_conjecturer and s.train_conjecturer)
+    kind = conjecturer_weights(cfg)
+    shared = kind == CONJECTURER_SHARED
     if shared and s.solver_objective == "cispo":
         raise ValueError("parameter_sharing with a CISPO Solver is not supported (the Conjecturer's update is weighted NLL)")
     solver_seq = max(max_len, conj_len) if shared else max_len
     solver = Trainer(copy_model(base), train_config(cfg.solver_train, s.solver_objective, cfg.cispo, solver_seq, cfg.run.seed), mesh)
     conjecturer = frozen = None
-    if s.use_conjecturer and not shared:
-        if s.train_conjecturer:
-            conjecturer = Trainer(
-                copy_model(base),
-                train_config(cfg.conjecturer_train, "reinforce_half", cfg.cispo, conj_len, cfg.run.seed + 1),
-                mesh,
-            )
-        else:
-            frozen = base
+    if kind == CONJECTURER_TRAINED:
+        conjecturer = Trainer(
+            copy_model(base),
+            train_config(cfg.conjecturer_train, "reinforce_half", cfg.cispo, conj_len, cfg.run.seed + 1),
+            mesh,
+        )
+    elif kind == CONJECTURER_FROZEN:
+        frozen = base
     return Roles(solver, conjecturer, frozen, guide if (s.use_guide or cfg.guide.shadow_score) else None, shared)

@@ -33,7 +33,6 @@ from sgs_jax.sgs.iteration import IterationSettings, run_iteration
 from sgs_jax.sgs.phases import PhaseContext
 from sgs_jax.sgs.rewards import ExpertIterationBuffer
 from sgs_jax.sgs.roles import Roles, build_roles
-from sgs_jax.sgs.types import Rollout, TrainingSample
 from sgs_jax.verify import make_backend
 from sgs_jax.verify.cache import CachingVerifier, ResultCache
 
@@ -64,15 +63,7 @@ class SGSRun:
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
         self.roles: Roles = build_roles(cfg, base, guide, self.mesh)
         self.sampler = Sampler(base.config, mesh=self.mesh, max_batch=cfg.sampling.max_batch)
-        self.ctx = PhaseContext(
-            sampler=self.sampler,
-            tokenizer=self.tokenizer,
-            verifier=self.verifier,
-            templates=bootstrap.load_templates(cfg),
-            temperature=cfg.sampling.temperature,
-            top_p=cfg.sampling.top_p,
-            top_k=cfg.sampling.top_k,
-        )
+        self.ctx = PhaseContext.from_config(cfg, self.sampler, self.tokenizer, self.verifier, bootstrap.load_templates(cfg))
         self._resume()
         if self.iteration == 0 and self.checkpointer.latest_step() is None:
             self._log_baseline()
@@ -92,7 +83,7 @@ class SGSRun:
             "generations": self.generations,
             "tokens": self.tokens,
             "target_set": self.target_set.to_json(),
-            "ei_buffer": [[_sample_to_json(s) for s in it] for it in self.ei_buffer.by_iteration()],
+            "ei_buffer": self.ei_buffer.to_json(),
         }
 
     def _resume(self) -> None:
@@ -112,8 +103,7 @@ class SGSRun:
         self.generations = int(meta["generations"])
         self.tokens = int(meta["tokens"])
         self.target_set = type(self.target_set).from_json(meta["target_set"], self.cfg.targets.max_proofs)
-        for samples in meta.get("ei_buffer", []):
-            self.ei_buffer.add_iteration([_sample_from_json(s) for s in samples])
+        self.ei_buffer.load_json(meta.get("ei_buffer", []))
         log.info("resumed from checkpoint step %d (iteration %d)", step, self.iteration)
 
     def _save(self) -> None:
@@ -196,14 +186,3 @@ class SGSRun:
         self.metrics.close()
         self.checkpointer.close()
 
-
-def _sample_to_json(sample: TrainingSample) -> dict:
-    r = sample.rollout
-    return {"problem_id": r.problem_id, "token_ids": list(r.token_ids), "text": r.text, "logprobs": list(r.logprobs),
-            "finish_reason": r.finish_reason, "weight": sample.weight, "group": sample.group}
-
-
-def _sample_from_json(data: dict) -> TrainingSample:
-    rollout = Rollout(data["problem_id"], tuple(data["token_ids"]), data["text"], tuple(data["logprobs"]),
-                      len(data["token_ids"]), data["finish_reason"])
-    return TrainingSample(rollout, float(data["weight"]), int(data["group"]))

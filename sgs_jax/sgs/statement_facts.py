@@ -1,4 +1,4 @@
-"""Per-iteration fractions of well-formed, true and reward-hacking statements (SPEC Section 9).
+"""Per-iteration fractions of well-formed, true and reward-hacking statements (method.md §9).
 
 Two sources, chosen by the run's domain:
 - exact (testbed, `prop` backend): `sgs_jax.testbed.hacks` decides each fact with the

@@ -1,6 +1,6 @@
 """The fixed target set D and its state: which targets are solved, and their stored proofs.
 
-Files use the D3k format (SPEC Section 3):
+Files use the D3k format (docs/method.md, Section 3):
 `{"iterations": [...], "target_statements": {ID: {"id", "header", "theorem", "tag",
 "source", "proofs": [...]}}}`. A run saves its state in the same format, with every
 target's verified proofs filled in, so a state file is also a valid target file. Any other
@@ -72,10 +72,20 @@ def read_target_json(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def download_from_hub(hub_id: str = DEFAULT_HUB_ID, filename: str = DEFAULT_HUB_FILE) -> str:
-    """Local path of the target file of a Hugging Face dataset (needs the hub reachable)."""
+    """Local path of the target file of a Hugging Face dataset: from the local hub cache
+    when it holds the file, else downloaded (needs the hub reachable). When neither works
+    (offline, no network, unknown dataset) a TargetFileError says how to use a local file."""
     from huggingface_hub import hf_hub_download
 
-    return hf_hub_download(repo_id=hub_id, filename=filename, repo_type="dataset")
+    try:
+        return hf_hub_download(repo_id=hub_id, filename=filename, repo_type="dataset")
+    except Exception as err:  # offline mode, connection errors, missing repo or file: many types
+        raise TargetFileError(
+            f"cannot get {filename} of the dataset {hub_id!r} from the Hugging Face hub "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}). "
+            f"Where the hub is reachable: `hf download --repo-type dataset {hub_id} {filename} --local-dir DIR`, "
+            f"then run with targets.source='file' and targets.path='DIR/{filename}'"
+        ) from err
 
 
 def target_records(data: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -142,8 +142,43 @@ class TrainingSample:
     group: int
 
 
+@dataclasses.dataclass(frozen=True)
+class StoredProofSample(TrainingSample):
+    """An Expert Iteration sample: one stored, verified proof, kept for several iterations.
+
+    proof: the extracted proof text (the de-duplication key: one sample per distinct proof
+    of a problem). prompt_ids: the Solver prompt's token ids, kept with the rollout because
+    the problem may not be sampled again (a target with a full proof store, an old
+    conjecture), so the training sequence is prompt_ids + rollout.token_ids. weight is 1.
+    """
+
+    proof: str = ""
+    prompt_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not self.prompt_ids:
+            raise ValueError(f"stored proof of {self.rollout.problem_id!r} needs its prompt token ids")
+
+    def to_json(self) -> dict:
+        """A JSON-able dict (checkpoint metadata); `from_json` inverts it exactly."""
+        r = self.rollout
+        return {
+            "problem_id": r.problem_id, "token_ids": list(r.token_ids), "text": r.text, "logprobs": list(r.logprobs),
+            "finish_reason": r.finish_reason, "weight": self.weight, "group": self.group, "proof": self.proof,
+            "prompt_ids": list(self.prompt_ids),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StoredProofSample":
+        tokens = tuple(int(t) for t in data["token_ids"])
+        rollout = Rollout(str(data["problem_id"]), tokens, str(data["text"]), tuple(float(x) for x in data["logprobs"]),
+                          len(tokens), str(data["finish_reason"]))
+        return cls(rollout, float(data["weight"]), int(data["group"]), str(data["proof"]),
+                   tuple(int(t) for t in data["prompt_ids"]))
+
+
 class GuideScores(NamedTuple):
-    """The Guide's three rubric scores (SPEC Section 6).
+    """The Guide's three rubric scores (method.md §6).
 
     A NamedTuple (immutable) so that it unpacks and compares like the plain triple
     (relevance, redundancy, complexity).

@@ -39,7 +39,7 @@ DEFAULT_PATH = pathlib.Path(__file__).resolve().parent / "data" / "targets.json"
 # `cumulative_solve_rate/band/<name>`; the packaged base model proves most `low`
 # statements and few `high` ones (docs/testbed.md has the measured rates).
 BANDS = (("low", 0, 8), ("mid", 9, 16), ("high", 17, MAX_LENGTH))
-# D3k's share of statements with a disjunctive conclusion is about 4-8% (SPEC Section 3).
+# D3k's share of statements with a disjunctive conclusion is about 4-8% (method.md §3).
 TARGET_DISJUNCTIVE_FRACTION = 0.06
 
 # (connective, weight) for inner nodes: implication and conjunction dominate, as in

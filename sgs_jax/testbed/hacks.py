@@ -1,7 +1,7 @@
 """Exact detectors of the Conjecturer's reward hacks on testbed statements.
 
 A conjecture earns the solve-rate reward when the Solver proves it sometimes; the cheap
-ways to get there are the hacks the Guide is meant to stop (SPEC Sections 1 and 6). On
+ways to get there are the hacks the Guide is meant to stop (method.md §1 and §6). On
 the testbed each is decided exactly, with the parser and the prover:
 
 - easy disjunct: the conclusion is a disjunction one of whose disjuncts already follows

@@ -9,6 +9,7 @@ from sgs_jax.verify.cache import CachingVerifier, ResultCache
 from sgs_jax.verify.interface import (
     Status,
     Verifier,
+    VerifierUnavailable,
     VerifyRequest,
     VerifyResult,
     available_backends,
@@ -22,6 +23,7 @@ __all__ = [
     "ResultCache",
     "Status",
     "Verifier",
+    "VerifierUnavailable",
     "VerifyRequest",
     "VerifyResult",
     "available_backends",

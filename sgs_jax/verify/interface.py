@@ -19,10 +19,17 @@ import enum
 from typing import Any, Callable, Sequence
 
 
+class VerifierUnavailable(RuntimeError):
+    """The backend cannot check anything (e.g. the server refuses the API key).
+
+    Raised by `submit`, and by futures in place of a result, so a run stops with the
+    cause instead of recording every proof as a system error."""
+
+
 class Status(str, enum.Enum):
     """Outcome of one verification. Only VERIFIED counts as success."""
 
-    VERIFIED = "verified"  # passed every rule of SPEC Section 7
+    VERIFIED = "verified"  # passed every rule of method.md §7
     REJECTED = "rejected"  # failed a pre-check or verdict rule (banned text, axioms, sorry, ...)
     LEAN_ERROR = "lean_error"  # the checker reported an error in the proof
     TIMEOUT = "timeout"  # wall-clock limit hit; the worker was killed
@@ -114,7 +121,8 @@ class Verifier(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, request: VerifyRequest) -> "concurrent.futures.Future[VerifyResult]":
-        """Queue one item; the future resolves to its `VerifyResult` (never raises)."""
+        """Queue one item; the future resolves to its `VerifyResult`. Neither raises,
+        except `VerifierUnavailable` when the backend cannot check anything at all."""
 
     def check_statement(self, header: str, statement: str) -> "concurrent.futures.Future[VerifyResult]":
         """Elaborate a (model-written) `statement`, ending in `:= by`, under the trusted

@@ -5,26 +5,42 @@ Large runs check proofs on a CPU fleet behind this HTTP API. Standard library on
 Request: `POST {url}/api/check` with
   {"snippets": [{"id": str, "code": str}, ...], "timeout": int seconds,
    "debug": false, "reuse": true, "infotree": null}
-and, when an API key is set, the header `Authorization: Bearer KEY`.
+and, when an API key is set (`api_key`, else the environment variable
+LEAN_SERVER_API_KEY, the official client's name), the header `Authorization: Bearer KEY`.
 Reply: {"results": [{"id", "time", "error", "response", "diagnostics"}, ...]} where
 `response` is the Lean REPL's own reply (`env`, `messages`, `sorries`, or `message`) and
-`error` a server-side failure ("... timed out in N seconds" on timeouts).
+`error` a server-side failure ("Lean REPL command timed out in N seconds", "Lean REPL
+header command timed out in N seconds"). Errors of the whole request come as HTTP
+statuses with {"detail": message}: 401 "Missing API key" / "Invalid API key", 429 "No
+available REPLs", 500 with the failure ("Failed to start REPL", "Failed to run header on
+REPL", a REPL crash while running a snippet).
 
-Each code is the trusted header + statement + proof followed by `#print axioms NAME`;
-the same rules as the local backend judge the reply, and only the last-positioned
-message may be the axioms report (see `rules.axioms_from_messages`).
+The server splits each snippet into a header (its leading `import` and blank lines, run
+once per REPL) and a body. Each snippet is therefore the trusted header's `import`
+commands, then the rest of the trusted header, the statement + proof and `#print axioms
+NAME`, whatever came first in the header (a comment, say). The same rules as the local
+backend judge the reply, and only the last-positioned message may be the axioms report
+(see `rules.axioms_from_messages`).
 
-Items are batched (up to `batch_size` per request, `concurrency` requests in flight);
-a failed request (connection error, HTTP 5xx/429, unparsable body) is retried with
-exponential backoff, then its items become `system_error`. Registers backend `remote`.
+Faults: items are batched (up to `batch_size` per request, `concurrency` requests in
+flight). A failed request (connection error, HTTP 5xx/429, unparsable body) and an item
+with a server error other than its own proof timeout (a REPL that could not be had or
+prepared) are retried up to `retries` times with exponential backoff, each retried item in
+a request of its own (one item that breaks the server's request cannot take others down);
+then they become `system_error`. HTTP 401/403 stops everything: submit and every pending
+future raise `VerifierUnavailable` with the server's message. The socket timeout of a
+request grows with its size (the server may take about `timeout` per snippet).
+Registers backend `remote`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import json
 import math
+import os
 import queue
 import threading
 import time
@@ -33,23 +49,65 @@ import urllib.request
 from typing import Any
 
 from sgs_jax.verify import rules
-from sgs_jax.verify.interface import Status, Verifier, VerifyRequest, VerifyResult, register_backend
+from sgs_jax.verify.interface import Status, Verifier, VerifierUnavailable, VerifyRequest, VerifyResult, register_backend
 from sgs_jax.verify.stats import VerifyStats
 
+API_KEY_ENV = "LEAN_SERVER_API_KEY"
+HTTP_MARGIN_S = 60.0  # socket timeout beyond timeout_s x snippets (queueing, transfer)
 _STOP = object()
 
 
 class RequestFailed(Exception):
-    """An HTTP request that failed; `retryable` says whether trying again may help."""
+    """An HTTP request that failed; `retryable`: trying again may help; `fatal`: no
+    request can succeed (the server refuses our credentials)."""
 
-    def __init__(self, message: str, retryable: bool):
+    def __init__(self, message: str, retryable: bool, fatal: bool = False):
         super().__init__(message)
-        self.retryable = retryable
+        self.retryable, self.fatal = retryable, fatal
+
+
+@dataclasses.dataclass(frozen=True)
+class _Item:
+    request: VerifyRequest
+    name: str  # the theorem the axioms report must be about
+    future: concurrent.futures.Future
+
+
+def split_header_imports(header: str) -> tuple[list[str], str]:
+    """(the header's `import` commands, the header without them).
+
+    Comments are respected: an `import` inside a comment is not one, and a comment that
+    starts on an import line stays whole in the rest (only the command's own characters
+    are removed, so line structure and every other character survive)."""
+    blanked, _ = rules.scan_comments(header, keep_positions=True)
+    imports: list[str] = []
+    rest = list(header)
+    offset = 0
+    for line in blanked.split("\n"):
+        command = line.strip()
+        if command.startswith("import ") or command == "import":
+            start = offset + line.index(command)
+            imports.append(command)
+            rest[start : start + len(command)] = " " * len(command)
+        offset += len(line) + 1
+    return imports, "".join(rest)
 
 
 def remote_code(request: VerifyRequest, name: str) -> str:
-    """The snippet sent to the server: the checked file plus the axioms report."""
-    return request.lean_source() + "\n\n" + rules.axioms_command(name) + "\n"
+    """The snippet sent to the server: the trusted header's imports first (so the server's
+    header split sees them), the rest of the header, statement + proof, the axioms report."""
+    imports, rest = split_header_imports(request.header)
+    lines = rest.split("\n")
+    while lines and not lines[0].strip():  # what the removed imports left behind
+        lines.pop(0)
+    header = "\n".join(imports + lines).rstrip()  # a header already in this order is unchanged
+    return (header + "\n\n" if header else "") + request.body() + "\n\n" + rules.axioms_command(name) + "\n"
+
+
+def is_retryable_item_error(error: str) -> bool:
+    """Whether a per-item server error is worth another try: any failure except the
+    proof's own timeout (a header that timed out is a REPL preparation failure)."""
+    return "timed out" not in error or "header" in error
 
 
 def _server_reply(item: dict[str, Any]) -> tuple[dict[str, Any] | VerifyResult, float]:
@@ -84,16 +142,28 @@ def judge_remote(item: dict[str, Any], name: str) -> VerifyResult:
     return VerifyResult(verdict.verified, verdict.status, verdict.reason, tuple(messages), elapsed)
 
 
+def _server_message(body: bytes) -> str:
+    """The server's own explanation in an error body ({"detail": ...}), else its text."""
+    try:
+        detail = json.loads(body).get("detail")
+        if detail:
+            return str(detail)[:200]
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        pass
+    return body[:200].decode("utf-8", "replace").strip()
+
+
 class RemoteVerifier(Verifier):
     """Kimina Lean Server client (see module docstring).
 
     url: server base URL, e.g. "http://lean-fleet:8000".
-    api_key: sent as a Bearer token when set.
+    api_key: sent as a Bearer token; None reads the environment variable
+      LEAN_SERVER_API_KEY (keeps the key out of `ps` and out of a run's config.json).
     timeout_s: per-proof Lean timeout asked of the server.
     batch_size: snippets per HTTP request; concurrency: requests in flight.
-    retries: extra attempts per request; backoff_s: first wait, doubled each retry
-      (capped at max_backoff_s).
-    http_timeout_s: socket timeout per request (default: timeout_s + 60).
+    retries: extra attempts per request and per item; backoff_s: first wait, doubled each
+      retry (capped at max_backoff_s).
+    http_timeout_s: socket timeout per request (default: timeout_s x snippets + 60 s).
     linger_s: how long a sender waits to fill a batch once it has one item.
     """
 
@@ -116,15 +186,18 @@ class RemoteVerifier(Verifier):
             raise ValueError(f"remote verifier needs an http(s) URL, got {url!r}")
         if batch_size < 1 or concurrency < 1 or retries < 0:
             raise ValueError("batch_size and concurrency must be >= 1, retries >= 0")
-        self.endpoint = url.rstrip("/") + "/api/check"
-        self.api_key, self.timeout_s = api_key, float(timeout_s)
+        self.url = url.rstrip("/")
+        self.endpoint = self.url + "/api/check"
+        self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        self.timeout_s = float(timeout_s)
         self.batch_size, self.retries = int(batch_size), int(retries)
         self.backoff_s, self.max_backoff_s, self.linger_s = backoff_s, max_backoff_s, linger_s
-        self.http_timeout_s = http_timeout_s if http_timeout_s is not None else self.timeout_s + 60.0
+        self.http_timeout_s = http_timeout_s
         self._stats = VerifyStats()
         self._queue: queue.Queue = queue.Queue()
         self._ids = itertools.count()
         self._closed = False
+        self._fatal: VerifierUnavailable | None = None
         self._senders = [threading.Thread(target=self._sender, daemon=True, name=f"kimina-{i}") for i in range(concurrency)]
         self._statement_lock = threading.Lock()
         self._statement_executor: concurrent.futures.ThreadPoolExecutor | None = None  # made on first use
@@ -132,6 +205,8 @@ class RemoteVerifier(Verifier):
             thread.start()
 
     def submit(self, request: VerifyRequest) -> "concurrent.futures.Future[VerifyResult]":
+        if self._fatal is not None:
+            raise self._fatal
         if self._closed:
             raise RuntimeError("RemoteVerifier is closed")
         self._stats.submitted()
@@ -142,7 +217,7 @@ class RemoteVerifier(Verifier):
             reason = rejected.reason if rejected else "statement declares no named theorem"
             self._finish(future, VerifyResult.failure(Status.REJECTED, reason))
         else:
-            self._queue.put((request, name, future))
+            self._queue.put(_Item(request, name, future))
         return future
 
     def stats(self) -> dict[str, Any]:
@@ -174,7 +249,7 @@ class RemoteVerifier(Verifier):
             return VerifyResult.failure(Status.SYSTEM_ERROR, f"malformed server result: {err!r}"[:200])
 
     def close(self) -> None:
-        """Send what is queued, then stop the sender threads."""
+        """Send what is queued (or fail it at once after a fatal error), then stop the senders."""
         if self._closed:
             return
         self._closed = True
@@ -184,6 +259,12 @@ class RemoteVerifier(Verifier):
             self._queue.put(_STOP)
         for thread in self._senders:
             thread.join()
+
+    def http_timeout(self, snippets: int) -> float:
+        """Socket timeout of a request of `snippets` snippets, seconds."""
+        if self.http_timeout_s is not None:
+            return float(self.http_timeout_s)
+        return self.timeout_s * snippets + HTTP_MARGIN_S
 
     # ------------------------------------------------------------------ internals
 
@@ -211,57 +292,84 @@ class RemoteVerifier(Verifier):
             if stop:
                 return
 
-    def _send_batch(self, batch: list) -> None:
-        ids = [f"sgs-{next(self._ids)}" for _ in batch]
+    def _send_batch(self, batch: list[_Item]) -> None:
+        """Resolve every item of `batch`: one request, then retries of what failed, each
+        retried item alone."""
+        pending = self._attempt(batch, last=self.retries == 0)
+        for attempt in range(1, self.retries + 1):
+            if not pending:
+                return
+            time.sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
+            retry: list[_Item] = []
+            for item in pending:
+                retry += self._attempt([item], last=attempt == self.retries)
+            pending = retry
+
+    def _attempt(self, items: list[_Item], last: bool) -> list[_Item]:
+        """Send `items` in one request; resolve what is final, return what to retry."""
+        if self._fatal is not None:
+            for item in items:
+                item.future.set_exception(self._fatal)
+            return []
+        ids = [f"sgs-{next(self._ids)}" for _ in items]
         payload = {
-            "snippets": [{"id": i, "code": remote_code(r, name)} for i, (r, name, _) in zip(ids, batch)],
+            "snippets": [{"id": i, "code": remote_code(item.request, item.name)} for i, item in zip(ids, items)],
             "timeout": int(math.ceil(self.timeout_s)),
             "debug": False,
             "reuse": True,
             "infotree": None,
         }
-        self._stats.event("http_batch")
+        self._stats.event("http_request")
         try:
-            results = self._post_with_retries(payload)
+            results = self._post(payload, self.http_timeout(len(items)))
         except RequestFailed as err:
-            for _, _, future in batch:
-                self._finish(future, VerifyResult.failure(Status.SYSTEM_ERROR, f"remote: {err}"[:200]))
-            return
-        by_id = {str(item.get("id")): item for item in results if isinstance(item, dict)}
-        for snippet_id, (_, name, future) in zip(ids, batch):
-            item = by_id.get(snippet_id)
+            if err.fatal:
+                self._fatal = VerifierUnavailable(f"remote verifier {self.url}: {err}")
+                for item in items:
+                    item.future.set_exception(self._fatal)
+                return []
+            if err.retryable and not last:
+                self._stats.event("http_error")
+                self._stats.event("item_retry", len(items))
+                return items
+            for item in items:
+                self._finish(item.future, VerifyResult.failure(Status.SYSTEM_ERROR, f"remote: {err}"[:200]))
+            return []
+        by_id = {str(entry.get("id")): entry for entry in results if isinstance(entry, dict)}
+        retry = []
+        for snippet_id, item in zip(ids, items):
+            entry = by_id.get(snippet_id)
+            error = "server returned no result for this item" if entry is None else str(entry.get("error") or "")
+            if error and is_retryable_item_error(error) and not last:
+                self._stats.event("item_retry")
+                retry.append(item)
+                continue
             try:
                 result = (
-                    judge_remote(item, name)
-                    if item is not None
-                    else VerifyResult.failure(Status.SYSTEM_ERROR, "server returned no result for this item")
+                    judge_remote(entry, item.name)
+                    if entry is not None
+                    else VerifyResult.failure(Status.SYSTEM_ERROR, error)
                 )
             except Exception as err:  # malformed result: never raise into a future
                 result = VerifyResult.failure(Status.SYSTEM_ERROR, f"malformed server result: {err!r}"[:200])
-            self._finish(future, result)
+            self._finish(item.future, result)
+        return retry
 
-    def _post_with_retries(self, payload: dict[str, Any]) -> list:
-        for attempt in range(self.retries + 1):
-            try:
-                return self._post(payload)
-            except RequestFailed as err:
-                if not err.retryable or attempt == self.retries:
-                    raise
-                self._stats.event("http_retry")
-                time.sleep(min(self.max_backoff_s, self.backoff_s * 2**attempt))
-        raise AssertionError("unreachable")
-
-    def _post(self, payload: dict[str, Any]) -> list:
+    def _post(self, payload: dict[str, Any], timeout_s: float) -> list:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         request = urllib.request.Request(self.endpoint, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.http_timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 body = response.read()
         except urllib.error.HTTPError as err:
-            raise RequestFailed(f"HTTP {err.code} {err.reason}", retryable=err.code >= 500 or err.code == 429) from err
+            message = f"HTTP {err.code} {_server_message(err.read())}"
+            if err.code in (401, 403):
+                hint = "" if self.api_key else f" (no API key given: set {API_KEY_ENV} or api_key)"
+                raise RequestFailed(f"the server refused the request: {message}{hint}", False, fatal=True) from err
+            raise RequestFailed(message, retryable=err.code >= 500 or err.code == 429) from err
         except (urllib.error.URLError, OSError) as err:  # refused, reset, socket timeout
             raise RequestFailed(f"connection failed: {err}", retryable=True) from err
         try:

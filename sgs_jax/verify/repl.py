@@ -5,8 +5,12 @@ is one JSON object (possibly pretty-printed over several lines) followed by a bl
 on stdout. JSON escapes newlines inside strings, so a blank line always ends a reply.
 
 The process runs in its own session (so its own process group, with every child it
-starts, e.g. `lake env` -> `repl`) under an address-space limit. Any fault (timeout,
-exit, unparsable reply) kills the whole group, and the object is never used again.
+starts, e.g. `lake env` -> `repl`) under an address-space limit. The limit is set by a
+tiny exec shim (`python -c`: setrlimit, then exec the REPL command in the same process),
+not by a `preexec_fn`, which the Python docs warn can deadlock when threads are running
+(the pool starts REPLs from worker threads); it is in place before the command's first
+instruction, so every child inherits it. Any fault (timeout, exit, unparsable reply)
+kills the whole group, and the object is never used again.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import resource
 import select
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import weakref
@@ -67,16 +72,35 @@ class ReplConfig:
         return argv
 
 
-def _limit_address_space(limit: int | None):
-    """preexec_fn for the child: only async-signal-safe work (one setrlimit call)."""
-    if limit is None:
-        return None
-    setrlimit, rlimit_as = resource.setrlimit, resource.RLIMIT_AS  # bound before fork
+# Runs as `python -c SHIM LIMIT CMD...`: limit the address space, then become CMD (same
+# pid, so the process group and /proc/<pid>/limits are CMD's). Exit 127 like a shell when
+# CMD cannot be executed.
+_LIMIT_SHIM = (
+    "import os, resource, sys\n"
+    "try:\n"
+    "    limit = int(sys.argv[1])\n"
+    "    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except (OSError, ValueError) as err:\n"
+    "    sys.stderr.write(f'cannot start {sys.argv[2]!r} under RLIMIT_AS={sys.argv[1]}: {err}\\n')\n"
+    "    os._exit(127)\n"
+)
 
-    def apply() -> None:
-        setrlimit(rlimit_as, (limit, limit))
 
-    return apply
+def limited_argv(cmd: Sequence[str], address_space_bytes: int | None) -> list[str]:
+    """argv that runs `cmd` under RLIMIT_AS = address_space_bytes (None: `cmd` as is)."""
+    if address_space_bytes is None:
+        return list(cmd)
+    return [sys.executable, "-I", "-S", "-c", _LIMIT_SHIM, str(int(address_space_bytes)), *cmd]
+
+
+def _executable(cmd: Sequence[str], cwd: str | None, env: dict[str, str]) -> str | None:
+    """The path `cmd[0]` would run as (relative to `cwd`), or None when nothing would run."""
+    program = cmd[0]
+    if os.sep in program:
+        path = program if os.path.isabs(program) else os.path.join(cwd or os.getcwd(), program)
+        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+    return shutil.which(program, path=env.get("PATH", os.defpath))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -105,18 +129,19 @@ class LeanRepl:
 
     def __init__(self, config: ReplConfig):
         self.config = config
-        self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ, **dict(config.env))
+        if _executable(config.cmd, config.cwd, env) is None:  # the shim would start regardless
+            raise ReplCrashed(f"cannot start REPL {shlex.join(config.cmd)!r}: {config.cmd[0]!r} is not an executable")
+        self._stderr = tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(
-                list(config.cmd),
+                limited_argv(config.cmd, config.address_space_bytes),
                 cwd=config.cwd,
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._stderr,
                 start_new_session=True,  # own process group: killed whole, never half
-                preexec_fn=_limit_address_space(config.address_space_bytes),
                 close_fds=True,
             )
         except OSError as err:

@@ -1,4 +1,4 @@
-"""Pure verdict rules and text checks for Lean proofs (SPEC Sections 4.8 and 7).
+"""Pure verdict rules and text checks for Lean proofs (method.md §4 step 8 and §7).
 
 Everything here is a pure function of strings and REPL reply dicts, so every backend
 (local REPL pool, remote server) applies exactly the same rules:
@@ -163,7 +163,7 @@ def strip_comments(text: str) -> str:
 
 
 def contains_try(proof: str, token_aware: bool = False) -> bool:
-    """SPEC 4.8 `try` penalty: does the comment-stripped proof contain `try`?
+    """method.md §4 step 8 `try` penalty: does the comment-stripped proof contain `try`?
 
     Default is the official plain substring test (it also hits names such as
     `symmetry`); `token_aware=True` only counts `try` as a whole token outside strings.
@@ -277,7 +277,7 @@ def _short(text: str, limit: int = 200) -> str:
 
 
 def judge(reply: dict[str, Any], axioms: tuple[str, ...] | None) -> Verdict:
-    """SPEC 7 verdict for one REPL reply to statement+proof.
+    """method.md §7 verdict for one REPL reply to statement+proof.
 
     reply: the REPL's JSON reply (`env`, optional `messages`, `sorries`), or a failure
       `{"message": ...}`.

@@ -1,4 +1,4 @@
-"""Verification statistics for the metrics (SPEC Section 9): counts by status,
+"""Verification statistics for the metrics (method.md §9): counts by status,
 system-error and timeout rates, a time histogram, throughput and worker events.
 
 `VerifyStats` is the thread-safe accumulator a backend owns; `summarize` and
@@ -104,6 +104,8 @@ def format_summary(stats: Mapping[str, Any]) -> str:
     total = stats.get("total", 0) or 1
     for status, count in stats.get("by_status", {}).items():
         rows.append((status, f"{count} ({100.0 * count / total:.1f}%)"))
+    if "invalid_lines" in stats:  # sgs-verify: input lines rejected before any backend saw them
+        rows.append(("invalid input lines", str(stats["invalid_lines"])))
     rows += [
         ("mean time", f"{stats.get('mean_time_s', 0.0):.3f} s"),
         ("max time", f"{stats.get('max_time_s', 0.0):.3f} s"),

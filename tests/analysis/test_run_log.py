@@ -1,5 +1,7 @@
 """Reading runs back: JSONL and TensorBoard paths agree; resume and torn lines."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -48,13 +50,22 @@ def test_resumed_run_keeps_the_later_write_of_a_step(tmp_path, source):
     np.testing.assert_allclose(series.values, [0.1, 0.1, 0.2, 0.2, 0.2], rtol=1e-7)
 
 
-def test_torn_last_line_is_skipped_and_counted(tmp_path):
+def test_torn_and_undecodable_lines_are_skipped_with_a_warning(tmp_path, caplog):
     with m.MetricsWriter(tmp_path) as writer:
         writer.write_scalars(0, {m.GENERATIONS: 1})
-    with open(tmp_path / m.JSONL_NAME, "a", encoding="utf-8") as f:
-        f.write('{"step": 1, "time": 1.0, "scal')
-    run = load_run(tmp_path, source="jsonl")
-    assert run.skipped_records == 1 and run.scalars[m.GENERATIONS].steps.tolist() == [0]
+    with open(tmp_path / m.JSONL_NAME, "ab") as f:
+        f.write(b'{"step": 1, "time": 1.0, "scalars": {"x\xe2\x88": 1.0}}\n')  # a character cut in two
+        f.write(b'{"step": 2, "time": 1.0, "scalars": {"generations": 3}}\n')
+        f.write(b'{"step": 3, "scalars": {"generations": "many"}}\n')  # not a number: the whole record goes
+        f.write(b'{"step": 4, "time": 1.0, "scal')
+    with caplog.at_level(logging.WARNING):
+        run = load_run(tmp_path, source="jsonl")
+    assert run.skipped_lines == (2, 4, 5) and run.scalars[m.GENERATIONS].steps.tolist() == [0, 2]
+    path = tmp_path / m.JSONL_NAME
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path} line 2: skipped, not a readable metrics record (UnicodeDecodeError)",
+        f"{path} line 4: skipped, not a readable metrics record (ValueError)",
+        f"{path} line 5: skipped, not a readable metrics record (JSONDecodeError)"]
 
 
 def test_paired_uses_common_steps_only(tmp_path):

@@ -14,7 +14,10 @@ from sgs_jax.analysis.scaling import fit_scaling_curve
 from sgs_jax.cli.report import main
 from synthetic_runs import write_synthetic_run
 
-ALL_FIGURES = {"solve_rate", "conjecture_shape", "solver_entropy", "synthetic_solve_rate", "cispo_clip_fraction"}
+ALL_FIGURES = {"solve_rate", "solve_rate_bands", "scaling_fit", "conjecture_shape", "conjecture_hacks",
+               "guide_scores", "solver_entropy", "synthetic_solve_rate", "cispo_clip_fraction"}
+# What write_synthetic_run logs: no difficulty bands, hacks or Guide scores.
+SYNTHETIC_FIGURES = ALL_FIGURES - {"solve_rate_bands", "conjecture_hacks", "guide_scores"}
 
 
 @pytest.fixture
@@ -28,7 +31,9 @@ def two_runs(tmp_path):
 def test_report_writes_figures_and_table(two_runs):
     root, data = two_runs
     report = build_report([root / "sgs", root / "cispo"], root / "out", n_subsets=10)
-    assert set(report.figures) == ALL_FIGURES and report.skipped_figures == ()
+    assert set(report.figures) == SYNTHETIC_FIGURES
+    assert set(report.skipped_figures) == ALL_FIGURES - SYNTHETIC_FIGURES
+    assert report.min_generations == 100_000  # paper scale: 7.8M generations
     for path in report.figures.values():
         image = imread(path)
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
@@ -44,13 +49,14 @@ def test_report_writes_figures_and_table(two_runs):
     assert rows["cispo"].fit.full.A == pytest.approx(0.575, abs=0.01)
     text = report.report_path.read_text(encoding="utf-8")
     for name, row in rows.items():
-        line = next(l for l in text.splitlines() if l.startswith(f"| {name} |"))
+        line = next(l for l in text.splitlines() if l.startswith(f"| {name} | {name} |"))
         assert f"{100 * row.fit.full.A:.1f}% ± {100 * row.fit.A_std:.1f} pp" in line
         assert f"{row.fit.full.C_mid:,.0f}" in line and f"{row.fit.full.B:.3f}" in line
     for path in report.figures.values():
         assert f"]({path.name})" in text
     # No --targets: the baseline is the one the runs logged.
-    assert report.baseline.disjunctive_fraction == pytest.approx(0.042)
+    (baseline,) = report.baselines
+    assert baseline.disjunctive_fraction == pytest.approx(0.042) and baseline.label == "targets (these runs)"
 
 
 def test_tensorboard_and_jsonl_reports_agree(two_runs):
@@ -61,7 +67,7 @@ def test_tensorboard_and_jsonl_reports_agree(two_runs):
         assert ra.name == rb.name
         assert rb.fit.full.A == pytest.approx(ra.fit.full.A, abs=1e-5)  # float32 inputs
         assert rb.final_solve_rate == pytest.approx(ra.final_solve_rate, rel=1e-7)
-    assert set(b.figures) == ALL_FIGURES
+    assert set(b.figures) == SYNTHETIC_FIGURES
 
 
 def test_cli_with_targets_baseline(two_runs, capsys):
@@ -75,10 +81,10 @@ def test_cli_with_targets_baseline(two_runs, capsys):
                  "--targets", str(root / "targets.json"), "--subsets", "3", "--source", "tensorboard"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "| sgs |" in out and "| cispo |" in out
+    assert "| sgs | sgs |" in out and "| cispo | cispo |" in out
     assert "2 of 2 statements parsed; disjunctive conclusions 50.0%" in out
     assert "mean conclusion length 9.0 characters" in out  # (13 + 5) / 2
-    assert all((root / "cli" / f"{name}.png").exists() for name in ALL_FIGURES)
+    assert all((root / "cli" / f"{name}.png").exists() for name in SYNTHETIC_FIGURES)
 
 
 def test_run_without_fit_or_optional_metrics(tmp_path):
@@ -88,8 +94,8 @@ def test_run_without_fit_or_optional_metrics(tmp_path):
     report = build_report([tmp_path / "short"], tmp_path / "out", n_subsets=3)
     (row,) = report.rows
     assert row.fit is None and "too few points" in row.fit_error
-    assert set(report.figures) == {"solve_rate"}
-    assert set(report.skipped_figures) == ALL_FIGURES - {"solve_rate"}
+    assert set(report.figures) == {"solve_rate", "scaling_fit"}
+    assert set(report.skipped_figures) == ALL_FIGURES - {"solve_rate", "scaling_fit"}
     text = report.report_path.read_text(encoding="utf-8")
     assert "no fit: too few points" in text and "Not drawn" in text
 

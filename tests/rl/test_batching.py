@@ -7,6 +7,7 @@ from sgs_jax.rl.batching import (
     SequenceExample,
     batch_scale,
     bucket_for,
+    group_batches,
     length_buckets,
     make_micro_batches,
     padding_fraction,
@@ -59,6 +60,52 @@ def test_batch_scale_against_hand_values():
     np.testing.assert_allclose(batch_scale(examples, "sequence"), [1 / 6, 1 / 9, 1 / 15], rtol=1e-6)
     # group 0 has 5 tokens, group 1 has 5; two groups.
     np.testing.assert_allclose(batch_scale(examples, "group_tokens"), [0.1, 0.1, 0.1], rtol=1e-6)
+    # A batch with fewer groups than a full one still divides by the constant count (4 here).
+    np.testing.assert_allclose(batch_scale(examples, "group_tokens", num_groups=4), [0.05] * 3, rtol=1e-6)
+    with pytest.raises(ValueError, match="num_groups"):
+        batch_scale(examples, "batch_tokens", num_groups=4)
+
+
+def _grouped(num_groups, size):
+    """num_groups groups of `size` examples; example j of group g has completion length g+1."""
+    return [SequenceExample((1,), (3,) * (g + 1), group=g, weight=float(j)) for g in range(num_groups) for j in range(size)]
+
+
+@pytest.mark.parametrize(
+    "num_groups, size, batch_size, per_batch, batch_groups",
+    [
+        (16, 8, 64, 8, [8, 8]),  # the paper's batch: exactly 8 groups of 8
+        (11, 8, 64, 8, [8, 3]),  # the last batch holds the groups left
+        (5, 2, 4, 2, [2, 2, 1]),
+        (3, 4, 4, 1, [1, 1, 1]),  # one group per batch
+        (0, 8, 64, 64, []),  # no data: no batches
+    ],
+)
+def test_group_batches_cut_on_group_boundaries(num_groups, size, batch_size, per_batch, batch_groups):
+    examples = _grouped(num_groups, size)
+    batches, got_per_batch = group_batches(examples, batch_size, seed=3)
+    assert got_per_batch == per_batch
+    assert [len({e.group for e in b}) for b in batches] == batch_groups
+    assert all(len(b) == size * n for b, n in zip(batches, batch_groups))
+    seen = [e.group for b in batches for e in b]
+    assert sorted(seen) == sorted(e.group for e in examples)  # every example exactly once
+    for b in batches:  # each group whole and in its input order
+        for g in {e.group for e in b}:
+            assert [e.weight for e in b if e.group == g] == [float(j) for j in range(size)]
+    assert group_batches(examples, batch_size, seed=3) == (batches, per_batch)  # deterministic
+
+
+def test_group_batches_shuffle_groups_with_the_seed():
+    examples = _grouped(16, 2)
+    orders = {tuple(e.group for b in group_batches(examples, 4, seed)[0] for e in b[::2]) for seed in range(5)}
+    assert len(orders) > 1
+
+
+def test_group_batches_refuse_uneven_groups():
+    with pytest.raises(ValueError, match="multiple of the CISPO group size 8"):
+        group_batches(_grouped(2, 8), 60, seed=0)
+    with pytest.raises(ValueError, match="same size"):
+        group_batches(_grouped(2, 8)[:-1], 64, seed=0)
 
 
 def test_bad_examples_are_rejected_clearly():

@@ -13,6 +13,7 @@ from flax import nnx
 from sgs_jax.models import create_model, load_hf, tiny
 from sgs_jax.parallel import make_mesh
 from sgs_jax.rl.optimizer import OptimizerConfig
+from sgs_jax.rl.batching import group_batches
 from sgs_jax.rl.train_step import TrainConfig, Trainer
 from tests.models.hf_reference import make_hf_model
 from tests.rl.train_support import completion_logprobs, random_examples, weighted_nll_batch_tokens
@@ -102,6 +103,32 @@ def test_cispo_group_normalisation_accumulates_exactly():
     ratios = np.concatenate([np.exp(lp - np.asarray(e.old_logprobs)) for e, lp in zip(examples, lps)])
     assert metrics["clip_fraction"] == pytest.approx(np.mean((ratios < 0) | (ratios > 4)), abs=1e-6)
     assert metrics["mean_ratio"] == pytest.approx(np.mean(ratios), rel=1e-4)
+
+
+def test_cispo_epoch_batches_whole_groups_with_a_constant_group_count():
+    """5 groups of 3, batch 6: batches of 2 whole groups (the last holds 1), each step's loss
+    the NumPy per-group loss divided by 2 groups, the last batch's too (SPEC Section 5)."""
+    examples = random_examples(15, 96, seed=11, with_old=True, groups=5)
+    model = create_model(CONFIG, seed=3)
+    lps = completion_logprobs(lambda ids, mask: model(ids, mask), examples)
+    logprob = {id(e): lp for e, lp in zip(examples, lps)}
+    # lr 1e-30: the weights do not move, so every step's loss is a function of the same model.
+    config = _train_config(4, objective="cispo", normalization="group_tokens", batch_size=6,
+                           optimizer=OptimizerConfig(learning_rate=1e-30))
+    steps = Trainer(model, config).train_epoch(examples, seed=4)
+    batches, per_batch = group_batches(examples, 6, seed=4)
+    assert per_batch == 2 and [len(b) for b in batches] == [6, 6, 3] and len(steps) == 3
+    for batch, metrics in zip(batches, steps):
+        groups = {e.group for e in batch}
+        assert all(sum(x.group == g for x in batch) == 3 for g in groups)  # whole groups only
+        group_tokens = {g: sum(len(e.completion_ids) for e in batch if e.group == g) for g in groups}
+        expected = 0.0
+        for e in batch:
+            lp = logprob[id(e)]
+            w = np.clip(np.exp(lp - np.asarray(e.old_logprobs)), 0.0, 4.0)
+            expected -= e.weight * np.sum(w * lp) / (group_tokens[e.group] * 2)
+        assert metrics["loss"] == pytest.approx(expected, rel=1e-5)
+        assert metrics["token_count"] == sum(group_tokens.values())
 
 
 def test_cispo_needs_old_logprobs():

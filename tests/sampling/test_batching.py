@@ -21,8 +21,12 @@ def test_results_do_not_depend_on_slots_or_chunking(model, sampler, prompts):
     # 2 slots, 3-step chunks, and a 32-slot attention window instead of the 256-slot cache.
     other = Sampler(model.config, max_batch=2, prompt_buckets=BUCKETS, chunk_steps=3, min_window=32)
     a = sampler.generate(model, prompts, PLAIN)
-    b = other.generate(model, prompts, PLAIN)
+    done = []  # (prompt, completions, rows finished so far) per on_prompt_done call
+    b = other.generate(model, prompts, PLAIN, on_prompt_done=lambda i, c: done.append((i, c)))
     assert _tokens(a) == _tokens(b)
+    # Each prompt reported once, as soon as its 3 samples finished, with the returned completions.
+    assert sorted(i for i, _ in done) == list(range(len(prompts)))
+    assert all(c == b[i] for i, c in done)
     for ra, rb in zip(a, b):
         for ca, cb in zip(ra, rb):
             np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-5)

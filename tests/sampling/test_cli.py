@@ -7,6 +7,7 @@ import pytest
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from sgs_jax.cli import generate as generate_cli
 from sgs_jax.cli.generate import main
 from sgs_jax.models import save_hf, tiny
 from tests.sampling.conftest import random_model
@@ -33,32 +34,87 @@ def checkpoint(tmp_path_factory):
 
 def test_generate_jsonl_with_errors_and_invalid_utf8(checkpoint, tmp_path, capsys):
     lines = [
-        json.dumps({"prompt": "éé"}),
-        json.dumps({"messages": [{"role": "user", "content": "ÿé"}]}),
-        json.dumps({"prompt": ""}),
-        "{not json",
-        json.dumps({"prompt": "é" * 40}),  # 80 tokens > --max-total-len 64
-        json.dumps({"other": 1}),
+        json.dumps({"prompt": "éé"}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "ÿé"}]}).encode(),
+        json.dumps({"prompt": ""}).encode(),
+        b"",  # blank
+        b"{not json",
+        json.dumps({"prompt": "é" * 40}).encode(),  # 80 tokens > --max-total-len 64
+        b'{"prompt": "\xff\xfe"}',  # bytes that are not UTF-8
+        b"   ",  # whitespace only
+        json.dumps({"other": 1}).encode(),
     ]
-    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     out = tmp_path / "out.jsonl"
     argv = ["--checkpoint", str(checkpoint), "--prompts", str(tmp_path / "in.jsonl"), "--out", str(out),
             "--num-samples", "2", "--temperature", "1.0", "--top-p", "0.95", "--top-k", "40",
             "--max-new-tokens", "8", "--max-total-len", "64", "--seed", "3", "--max-batch", "4"]
     assert main(argv) == 0
     results = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
-    assert [r["index"] for r in results] == list(range(6))
+    assert [r["line"] for r in results] == list(range(1, 10))  # one record per input line, in order
     for r in results[:2]:
         assert len(r["samples"]) == 2
         for s in r["samples"]:
             assert set(s) == {"token_ids", "text", "logprobs", "finish_reason"}
             assert len(s["logprobs"]) == len(s["token_ids"]) and s["finish_reason"] in ("stop", "length")
     texts = "".join(s["text"] for r in results[:2] for s in r["samples"])
-    assert "\ufffd" in texts  # invalid UTF-8 became replacement characters, not an error
-    assert "empty" in results[2]["error"] and "not JSON" in results[3]["error"]
-    assert "max_total_len" in results[4]["error"] and "prompt" in results[5]["error"]
+    assert "\ufffd" in texts  # invalid UTF-8 the model produced became replacement characters
+    errors = [r.get("error", "") for r in results]
+    assert "empty" in errors[2] and "line 4 is blank" in errors[3] and "line 5 is not JSON" in errors[4]
+    assert "max_total_len" in errors[5] and "line 7 is not valid UTF-8 (byte 0xff" in errors[6]
+    assert "line 8 is blank" in errors[7] and "prompt" in errors[8]
     err = capsys.readouterr().err
-    assert "samples finished" in err and "4 of 6 lines had errors" in err
+    assert "samples finished" in err and "7 of 9 lines had errors" in err
+
+
+def test_results_are_written_as_they_finish(checkpoint, tmp_path, monkeypatch):
+    """Each record reaches the file (flushed) while later prompts still generate, so a
+    killed run keeps what was done."""
+    real = generate_cli.generate_records
+    out = tmp_path / "out.jsonl"
+    written = []  # lines in the file after each finished record
+
+    def spy(*args, on_record, **kwargs):
+        def record(position, result):
+            on_record(position, result)
+            written.append(len(out.read_text(encoding="utf-8").splitlines()))
+
+        return real(*args, on_record=record, **kwargs)
+
+    monkeypatch.setattr(generate_cli, "generate_records", spy)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"prompt": "é" * n}) + "\n" for n in range(1, 7)), encoding="utf-8")
+    argv = ["--checkpoint", str(checkpoint), "--prompts", str(tmp_path / "in.jsonl"), "--out", str(out),
+            "--num-samples", "2", "--max-new-tokens", "12", "--max-total-len", "64", "--max-batch", "4", "--no-progress"]
+    assert main(argv) == 0
+    assert len(written) == 6 and written == sorted(written) and written[-1] == 6
+    assert written[-2] >= 1  # lines were on disk before the last prompt finished
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [(None, "does not exist"), ([], "is empty"), (["tokenizer.json"], "has no config.json")],
+)
+def test_bad_checkpoint_directory_says_so_plainly(tmp_path, capsys, files, message):
+    checkpoint = tmp_path / "ckpt"
+    if files is not None:
+        checkpoint.mkdir()
+        for name in files:
+            (checkpoint / name).write_text("{}")
+    (tmp_path / "in.jsonl").write_text('{"prompt": "é"}\n')
+    argv = ["--checkpoint", str(checkpoint), "--prompts", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl")]
+    assert main(argv) == 2
+    assert f"sgs-generate: checkpoint directory {str(checkpoint)!r} {message}" in capsys.readouterr().err
+
+
+def test_unwritable_out_fails_before_any_work(checkpoint, tmp_path, capsys):
+    (tmp_path / "in.jsonl").write_text('{"prompt": "é"}\n')
+    argv = ["--checkpoint", str(checkpoint), "--prompts", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "no" / "o.jsonl")]
+    assert main(argv) == 2
+    assert "No such file or directory" in capsys.readouterr().err
+    argv[-1] = str(tmp_path / "in.jsonl")
+    assert main(argv) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert (tmp_path / "in.jsonl").read_text() == '{"prompt": "é"}\n'
 
 
 def test_unknown_tokenizer_is_a_clear_error(checkpoint, tmp_path, capsys):

@@ -1,5 +1,7 @@
 """Settings shared by the SGS loop tests."""
 
+import pathlib
+
 
 def small_run_overrides(models, workdir) -> list[str]:
     """Overrides that make a testbed run take seconds: random nano models, 6 targets, k = 2."""
@@ -18,3 +20,6 @@ def small_run_overrides(models, workdir) -> list[str]:
         "conjecturer_train.batch_size=16",
         "conjecturer_train.micro_batch_size=16",
     ]
+
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"

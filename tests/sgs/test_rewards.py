@@ -9,6 +9,7 @@ from sgs_jax.sgs.rewards import (
     conjecturer_samples,
     fill_unparsable,
     guide_score,
+    kept_conjectures,
     min_max_normalize,
     p70_threshold,
     parse_guide_reply,
@@ -98,6 +99,39 @@ def test_parse_guide_reply(text, expected):
 )
 def test_p70_threshold(rates, expected):
     assert p70_threshold(rates) == expected
+    assert p70_threshold(rates, quantile=0.7) == expected
+
+
+@pytest.mark.parametrize(
+    "quantile, n, index",
+    [
+        (0.5, 4, 2),  # floor(2.0)
+        (0.5, 5, 2),  # floor(2.5)
+        (0.3, 10, 3),
+        (0.9, 10, 9),  # floor(9.0) = 9, the largest index
+        (0.7, 170, 119),  # 0.7 * 170 = 118.99999999999999 as a float; exactly 119
+        (0.29, 100, 29),  # 0.29 * 100 = 28.999999999999996 as a float; exactly 29
+        (0.999, 3, 2),  # never past the end
+        (0.01, 3, 0),
+    ],
+)
+def test_keep_quantile_index_is_exact(quantile, n, index):
+    rates = [(i + 1) / (n + 1) for i in range(n)]  # n distinct rates inside (0, 1), sorted
+    assert p70_threshold(rates, quantile) == rates[index]
+    kept = kept_conjectures(rates + [0.0, 1.0], quantile)
+    assert kept == list(range(index + 1))  # s = 0 and s = 1 are never kept
+
+
+def test_keep_quantile_changes_the_conjecturer_reward():
+    rates = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75]  # n = 6
+    assert conjecturer_rewards(rates, None, quantile=0.5) == [1.0, 2 / 3, 1 / 3, 0.0, None, None]  # sorted[3]
+    assert conjecturer_rewards(rates, None) == conjecturer_rewards(rates, None, quantile=0.7)
+
+
+@pytest.mark.parametrize("quantile", [0.0, 1.0, -0.1, 1.5])
+def test_keep_quantile_outside_the_open_interval_is_refused(quantile):
+    with pytest.raises(ValueError, match="keep quantile"):
+        p70_threshold([0.5], quantile)
 
 
 def test_min_max_normalize_and_fill():

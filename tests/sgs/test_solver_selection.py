@@ -1,5 +1,6 @@
 """Solver rewards and selection rules: length penalty, `try` ban, REINFORCE½, CISPO, Expert Iteration."""
 
+import json
 import math
 
 import numpy as np
@@ -10,13 +11,14 @@ from sgs_jax.sgs.rewards import (
     cispo_samples,
     contains_try,
     expert_iteration_samples,
+    expert_iteration_targets,
     group_advantages,
     length_penalty,
     reinforce_half_samples,
     solve_rate,
     solver_reward,
 )
-from sgs_jax.sgs.types import Attempt, Problem, Rollout, TrainingSample
+from sgs_jax.sgs.types import Attempt, Problem, Rollout, StoredProofSample, Target, TrainingSample
 
 L_MAX = 100
 
@@ -101,10 +103,34 @@ def test_solver_reward():
 
 def test_reinforce_half_selection():
     samples = reinforce_half_samples(GROUPS, L_MAX)
+    # p1 (s = 0.5) and p4 (s = 0.25) qualify; p3's only proof uses `try`: dropped, no slot.
     expected = [TrainingSample(a.rollout, 1.0, 1) for a in GROUPS[1][:4]]
-    expected += [TrainingSample(GROUPS[3][0].rollout, 0.0, 3)]  # `try` -> weight 0, still in the batch
     expected += [TrainingSample(GROUPS[4][1].rollout, -0.75, 4), TrainingSample(GROUPS[4][3].rollout, 1.0, 4)]
     assert samples == expected
+
+
+# (verdicts, proofs of the verified attempts, expected (attempt index, weight) per sample);
+# k = 4, L_MAX = 100, every rollout 10 tokens. The plain `try` test is the default.
+REINFORCE_TRY_CASES = [
+    ([1, 0, 0, 0], {0: "\n  try simp"}, []),  # the only proof: dropped, the problem gives nothing
+    ([1, 1, 0, 0], {0: "\n  try simp", 1: "\n  simp"}, [(1, 1.0)]),
+    ([1, 1, 0, 0], {0: "\n  exact symmetry h", 1: "\n  simp"}, [(1, 1.0)]),  # plain test: a name hit
+    ([1, 1, 0, 0], {0: "\n  simp -- try later", 1: "\n  /- try -/ rfl"}, [(0, 1.0), (1, 1.0)]),  # comments
+    ([1, 1, 1, 0], {0: "\n  try simp", 1: "\n  simp", 2: "\n  simp"}, []),  # s = 0.75 > 0.5: not selected
+]
+
+
+@pytest.mark.parametrize("verdicts, proofs, expected", REINFORCE_TRY_CASES)
+def test_reinforce_half_drops_try_proofs(verdicts, proofs, expected):
+    attempts = group("p", verdicts, proofs=proofs)
+    samples = reinforce_half_samples([attempts], L_MAX)
+    assert [(attempts.index(next(a for a in attempts if a.rollout == s.rollout)), s.weight) for s in samples] == expected
+    assert all(s.group == 0 for s in samples)
+
+
+def test_token_aware_try_keeps_names_that_contain_try():
+    attempts = group("p", [1, 1, 0, 0], proofs={0: "\n  exact symmetry h", 1: "\n  try simp"})
+    assert [s.rollout for s in reinforce_half_samples([attempts], L_MAX, token_aware_try=True)] == [attempts[0].rollout]
 
 
 def test_group_advantages_hand_computed():
@@ -128,23 +154,78 @@ def test_cispo_selection():
     assert [s.rollout for s in samples[16:]] == [a.rollout for a in GROUPS[4]]
 
 
-def test_expert_iteration_selection():
-    stored = {"p1": 16, "p2": 15, "p5": 3}
-    samples = expert_iteration_samples(GROUPS, stored, L_MAX)
-    # p0: s = 0; p1: 16 stored proofs already; p3 -> weight 0 (try); p5 counts although s = 1.
-    assert [(s.group, s.weight) for s in samples] == (
-        [(2, 1.0)] * 5 + [(3, 0.0)] + [(4, -0.75), (4, 1.0)] + [(5, 1.0)] * 8
-    )
+def test_cispo_keeps_try_proofs_as_reward_zero():
+    attempts = group("p", [1, 1, 0, 0], proofs={0: "\n  try simp", 1: "\n  simp"})
+    samples = cispo_samples([attempts], L_MAX)
+    assert [s.rollout for s in samples] == [a.rollout for a in attempts]  # all k stay
+    np.testing.assert_allclose([s.weight for s in samples], group_advantages([0.0, 1.0, 0.0, 0.0]), rtol=1e-13)
 
 
-def test_expert_iteration_buffer_keeps_the_last_three_iterations():
+def test_expert_iteration_samples_only_targets_below_the_proof_cap():
+    targets = [Target(f"t{i}", "", f"theorem t{i} : True := by") for i in range(4)]
+    counts = {"t0": 16, "t1": 15, "t3": 0}  # t2 absent: no stored proofs
+    assert [t.id for t in expert_iteration_targets(targets, counts, 16)] == ["t1", "t2", "t3"]
+    assert [t.id for t in expert_iteration_targets(targets, counts, 15)] == ["t2", "t3"]
+
+
+PROMPTS = {"p0": (1,), "p1": (1, 2), "p2": (1, 3)}
+
+
+def test_expert_iteration_samples_are_the_newly_stored_proofs():
+    groups = [
+        group("p0", [1, 1, 1, 0], proofs={0: "\n  simp", 1: "\n  simp", 2: "\n  rfl"}),  # two distinct proofs
+        group("p1", [1, 1, 0, 0], proofs={0: "\n  try simp", 1: "\n  ring"}, lengths={1: 95}),
+        group("p2", [1, 0, 0, 0], proofs={0: "\n  omega"}),
+        [],  # a prompt that was skipped: no attempts
+    ]
+    # p0 stored both of its proofs; p1 both (the `try` one is stored but not trained on);
+    # p2's proof was already in its store, so nothing is new.
+    new = {"p0": ["\n  simp", "\n  rfl"], "p1": ["\n  try simp", "\n  ring"], "p2": []}
+    samples = expert_iteration_samples(groups, new, PROMPTS)
+    assert [(s.rollout, s.proof, s.prompt_ids, s.weight, s.group) for s in samples] == [
+        (groups[0][0].rollout, "\n  simp", (1,), 1.0, 0),  # the first rollout of a duplicated proof
+        (groups[0][2].rollout, "\n  rfl", (1,), 1.0, 0),
+        (groups[1][1].rollout, "\n  ring", (1, 2), 1.0, 1),  # weight 1: no length penalty on stored proofs
+    ]
+
+
+def _stored(problem_id, proof, seed=0):
+    return StoredProofSample(make_rollout(problem_id, seed=seed), 1.0, 0, proof, PROMPTS[problem_id])
+
+
+def test_expert_iteration_buffer_keeps_three_iterations_deduplicated():
     buffer = ExpertIterationBuffer(window=3)
-    iterations = [[TrainingSample(make_rollout(f"p{i}", seed=j), 1.0, j) for j in range(i + 1)] for i in range(4)]
-    for samples in iterations:
-        buffer.add_iteration(samples)
-    assert buffer.samples() == iterations[1] + iterations[2] + iterations[3]
+    iterations = [
+        [_stored("p0", "a"), _stored("p1", "b")],
+        [_stored("p0", "c")],
+        [_stored("p0", "a", seed=5), _stored("p2", "a")],  # p0's "a" again (a recurring conjecture)
+        [_stored("p1", "d")],
+    ]
+    buffer.add_iteration(iterations[0])
+    buffer.add_iteration(iterations[1])
+    buffer.add_iteration(iterations[2])
+    assert buffer.samples() == [iterations[0][0], iterations[0][1], iterations[1][0], iterations[2][1]]
+    buffer.add_iteration(iterations[3])  # the first iteration falls out; the later copy of "a" stays
+    assert buffer.samples() == [iterations[1][0], iterations[2][0], iterations[2][1], iterations[3][0]]
+    assert [list(it) for it in buffer.by_iteration()] == iterations[1:]
     with pytest.raises(ValueError):
         ExpertIterationBuffer(window=0)
+
+
+def test_expert_iteration_buffer_round_trips_through_json():
+    buffer = ExpertIterationBuffer(window=3)
+    buffer.add_iteration([_stored("p0", "a"), _stored("p1", "b", seed=2)])
+    buffer.add_iteration([])
+    restored = ExpertIterationBuffer(window=3)
+    restored.load_json(json.loads(json.dumps(buffer.to_json())))
+    assert restored.by_iteration() == buffer.by_iteration()
+
+
+def test_expert_iteration_buffer_refuses_samples_without_prompts():
+    with pytest.raises(TypeError, match="StoredProofSample"):
+        ExpertIterationBuffer().add_iteration([TrainingSample(make_rollout("p0"), 1.0, 0)])
+    with pytest.raises(ValueError, match="prompt token ids"):
+        StoredProofSample(make_rollout("p0"), 1.0, 0, "a", ())
 
 
 def test_types_reject_inconsistent_data():

@@ -70,6 +70,29 @@ def test_all_d3k_statements_end_in_a_live_assign_by(d3k_path):
     assert all(blank_lean_comments(t.statement).rstrip().endswith(":= by") for t in ts.targets)
 
 
+@pytest.mark.parametrize("env", [
+    {"HF_HUB_OFFLINE": "1"},  # offline mode (what launch/local.sh sets), empty cache
+    # No server at all: the same error after huggingface_hub's retries (about 25 s of waiting).
+    pytest.param({"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "2"}, marks=pytest.mark.slow),
+])
+def test_hub_targets_unreachable_is_a_clear_error(tmp_path, env):
+    """targets.source='hub' without the hub: one TargetFileError saying how to use a file."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "from sgs_jax.sgs.target_set import TargetFileError, download_from_hub\n"
+        "try:\n    download_from_hub()\nexcept TargetFileError as err:\n    print('ERR', err)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    full_env = {**os.environ, **env, "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("ERR cannot get D_3k_prover_dataset.json of the dataset 'LukeBailey181Pub/D_3k'")
+    assert "hf download --repo-type dataset LukeBailey181Pub/D_3k" in out.stdout and "targets.source='file'" in out.stdout
+
+
 def test_records_survive_the_state_file_and_name_groups(tmp_path):
     entries = {}
     for i in range(5):

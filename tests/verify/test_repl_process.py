@@ -1,11 +1,14 @@
 """One REPL process: protocol framing, env numbering, and every way it can fail."""
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from verify_test_support import D3K_HEADER, pid_alive
-from sgs_jax.verify.repl import GIB, LeanRepl, ReplConfig, ReplCrashed, ReplProtocolError, ReplTimeout
+from sgs_jax.verify.repl import GIB, LeanRepl, ReplConfig, ReplCrashed, ReplProtocolError, ReplTimeout, limited_argv
 
 STATEMENT = "theorem t (x : ℝ) (h : 0 < x) : 0 < x ^ 2 := by"
 
@@ -70,6 +73,40 @@ def test_address_space_limit_ends_a_leaking_repl(fake_repl):
         repl.send({"cmd": STATEMENT + "\n  simp -- fake:leak"}, 10)
 
 
+def _address_space_limits(pid):
+    with open(f"/proc/{pid}/limits") as f:
+        line = next(x for x in f if x.startswith("Max address space"))
+    return line.split()[3:5]  # soft, hard (bytes)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/limits"), reason="needs Linux /proc")
+def test_address_space_limit_is_on_the_repl_process_itself(fake_repl):
+    repl = _repl(fake_repl, limit=3 * GIB)
+    try:
+        assert repl.send({"cmd": D3K_HEADER}, 5) == {"env": 0}
+        assert _address_space_limits(repl.pid) == [str(3 * GIB)] * 2
+        with open(f"/proc/{repl.pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        assert any(b"fake_lean_repl" in a for a in argv) and b"-c" not in argv  # the shim exec'd into the REPL
+    finally:
+        repl.kill()
+    unlimited = _repl(fake_repl, limit=None)
+    try:
+        assert unlimited.send({"cmd": D3K_HEADER}, 5) == {"env": 0}
+        assert _address_space_limits(unlimited.pid) == ["unlimited"] * 2
+    finally:
+        unlimited.kill()
+
+
+def test_children_of_the_repl_inherit_the_limit():
+    grandchild = "import resource; print(resource.getrlimit(resource.RLIMIT_AS))"
+    child = f"import subprocess, sys; print(subprocess.run([sys.executable, '-c', {grandchild!r}], capture_output=True, text=True).stdout)"
+    out = subprocess.run(limited_argv([sys.executable, "-c", child], 2 * GIB), capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == str((2 * GIB, 2 * GIB))
+
+
 def test_missing_executable_is_a_clear_error(tmp_path):
     with pytest.raises(ReplCrashed, match="cannot start REPL"):
         LeanRepl(ReplConfig((str(tmp_path / "no-such-repl"),)))
+    with pytest.raises(ReplCrashed, match="cannot start REPL"):
+        LeanRepl(ReplConfig(("no-such-repl-on-path",)))

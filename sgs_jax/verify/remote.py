@@ -93,15 +93,25 @@ def split_header_imports(header: str) -> tuple[list[str], str]:
     return imports, "".join(rest)
 
 
-def remote_code(request: VerifyRequest, name: str) -> str:
-    """The snippet sent to the server: the trusted header's imports first (so the server's
-    header split sees them), the rest of the header, statement + proof, the axioms report."""
+def _snippet(request: VerifyRequest, tail: str) -> str:
+    """The trusted header's imports first (so the server's header split sees them), the
+    rest of the header, the request's statement + proof, then `tail`."""
     imports, rest = split_header_imports(request.header)
     lines = rest.split("\n")
     while lines and not lines[0].strip():  # what the removed imports left behind
         lines.pop(0)
     header = "\n".join(imports + lines).rstrip()  # a header already in this order is unchanged
-    return (header + "\n\n" if header else "") + request.body() + "\n\n" + rules.axioms_command(name) + "\n"
+    return (header + "\n\n" if header else "") + request.body() + tail
+
+
+def remote_code(request: VerifyRequest, name: str) -> str:
+    """The snippet sent to the server: header, statement + proof, the axioms report."""
+    return _snippet(request, "\n\n" + rules.axioms_command(name) + "\n")
+
+
+def statement_code(request: VerifyRequest) -> str:
+    """The snippet of a statement check (`VerifyRequest.statement_check`): no axioms report."""
+    return _snippet(request, "\n")
 
 
 def is_retryable_item_error(error: str) -> bool:
@@ -234,19 +244,39 @@ class RemoteVerifier(Verifier):
         return self._statement_executor.submit(self._check_statement_now, VerifyRequest.statement_check(header, statement))
 
     def _check_statement_now(self, request: VerifyRequest) -> VerifyResult:
+        """One request per check; the proofs' retry rules (request failures and retryable
+        item errors, with backoff); after a fatal refusal it raises like `submit`."""
         self._stats.event("statement_check")
-        payload = {"snippets": [{"id": f"sgs-{next(self._ids)}", "code": request.lean_source() + "\n"}],
-                   "timeout": int(math.ceil(self.timeout_s)), "debug": False, "reuse": True, "infotree": None}
-        try:
-            results = self._post_with_retries(payload)
-            item = next((r for r in results if isinstance(r, dict)), None)
-            if item is None:
-                return VerifyResult.failure(Status.SYSTEM_ERROR, "server returned no result for this item")
-            return judge_remote_statement(item)
-        except RequestFailed as err:
-            return VerifyResult.failure(Status.SYSTEM_ERROR, f"remote: {err}"[:200])
-        except Exception as err:  # malformed result: never raise into a future
-            return VerifyResult.failure(Status.SYSTEM_ERROR, f"malformed server result: {err!r}"[:200])
+        for attempt in range(self.retries + 1):
+            if self._fatal is not None:
+                raise self._fatal
+            last = attempt == self.retries
+            if attempt:
+                time.sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
+            payload = {"snippets": [{"id": f"sgs-{next(self._ids)}", "code": statement_code(request)}],
+                       "timeout": int(math.ceil(self.timeout_s)), "debug": False, "reuse": True, "infotree": None}
+            try:
+                results = self._post(payload, self.http_timeout(1))
+            except RequestFailed as err:
+                if err.fatal:
+                    self._fatal = VerifierUnavailable(f"remote verifier {self.url}: {err}")
+                    raise self._fatal from err
+                if err.retryable and not last:
+                    continue
+                return VerifyResult.failure(Status.SYSTEM_ERROR, f"remote: {err}"[:200])
+            entry = next((r for r in results if isinstance(r, dict)), None)
+            if entry is None:
+                if last:
+                    return VerifyResult.failure(Status.SYSTEM_ERROR, "server returned no result for this item")
+                continue
+            error = str(entry.get("error") or "")
+            if error and is_retryable_item_error(error) and not last:
+                continue
+            try:
+                return judge_remote_statement(entry)
+            except Exception as err:  # malformed result: never raise into a future
+                return VerifyResult.failure(Status.SYSTEM_ERROR, f"malformed server result: {err!r}"[:200])
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Send what is queued (or fail it at once after a fatal error), then stop the senders."""

@@ -13,7 +13,7 @@ from sgs_jax.verify.interface import Status, Verifier, VerifyRequest
 from sgs_jax.verify.lean_pool import LeanPool
 from sgs_jax.verify.remote import RemoteVerifier
 from sgs_jax.verify.rules import judge_statement
-from test_remote_client import FakeKimina
+from fake_kimina import FakeKimina
 from verify_test_support import D3K_HEADER
 
 LEAN_CASES = [
@@ -50,7 +50,7 @@ def test_remote_statement_check():
         server.stop()
     assert [r.status for r in results] == [s for _, s in LEAN_CASES]
     assert hung.status is Status.TIMEOUT
-    codes = [s["code"] for r in server.requests for s in r["body"]["snippets"]]
+    codes = [s["code"] for s in server.snippets_sent()]
     assert codes[0] == D3K_HEADER.rstrip("\n") + "\n\n" + LEAN_CASES[0][0] + "\n  sorry\n"
     assert not any("#print axioms" in c for c in codes)
 
@@ -97,3 +97,20 @@ def test_a_backend_without_a_statement_check_says_so():
 
     with pytest.raises(NotImplementedError, match="nocheck"):
         NoCheck().check_statement("", "theorem c : True := by")
+
+
+def test_remote_statement_check_retries_and_refusal():
+    from sgs_jax.verify.interface import VerifierUnavailable
+
+    flaky = FakeKimina(request_faults=[(503, "No available REPLs")])
+    refusing = FakeKimina(api_key="right")
+    try:
+        with RemoteVerifier(flaky.url, timeout_s=30, backoff_s=0.01) as verifier:
+            assert verifier.check_statement(D3K_HEADER, LEAN_CASES[0][0]).result().status is Status.VERIFIED
+        with RemoteVerifier(refusing.url, api_key="wrong", timeout_s=30) as verifier:
+            with pytest.raises(VerifierUnavailable, match="401"):
+                verifier.check_statement(D3K_HEADER, LEAN_CASES[0][0]).result()
+    finally:
+        flaky.stop()
+        refusing.stop()
+    assert len(flaky.requests) == 2  # a 503, then the answer

@@ -77,12 +77,13 @@ def useful_lemma_count(item: generator.Generated) -> int:
     return sum(score(target, lemma.lean()).relevance >= 4 for lemma in warmstart.lemma_candidates(item.statement))
 
 
-def build(model_dir: pathlib.Path, count: int, samples: int, seed: int) -> dict:
-    """The target-set file (D3k format with the calibration fields)."""
+def build(model_dir: pathlib.Path, count: int, samples: int, seed: int, candidates: int = generator.POOL_SIZE) -> dict:
+    """The target-set file (D3k format with the calibration fields), chosen from the first
+    `candidates` statements of the pool (a prefix of the pool is the same statements)."""
     start = time.perf_counter()
     seen = {generator.statement_body(r["statement"]) for r in warmstart.load_corpus()}
     # The corpus was built to exclude the pool; this keeps that true whatever changed since.
-    pool = [g for g in generator.candidate_pool() if generator.statement_body(g.statement.lean()) not in seen]
+    pool = [g for g in generator.candidate_pool(candidates) if generator.statement_body(g.statement.lean()) not in seen]
     tokenizer, templates = load_tokenizer(model_dir), testbed_templates()
     pool = [g for g in pool if solver_row_length(g, tokenizer, templates) <= SOLVER_MAX_TOTAL_LEN]
     log.info("pool of %d candidates in %.0fs", len(pool), time.perf_counter() - start)
@@ -101,9 +102,10 @@ def main(argv=None) -> None:
     ap.add_argument("--count", type=int, default=320)
     ap.add_argument("--samples", type=int, default=16, help="calibration proofs per candidate")
     ap.add_argument("--seed", type=int, default=CALIBRATION_SEED, help="calibration sampling seed (a dev seed)")
+    ap.add_argument("--candidates", type=int, default=generator.POOL_SIZE, help="pool statements to calibrate (a prefix)")
     args = ap.parse_args(argv)
     logging.basicConfig(level="INFO")
-    data = build(args.model, args.count, args.samples, args.seed)
+    data = build(args.model, args.count, args.samples, args.seed, args.candidates)
     args.out.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {len(data['target_statements'])} targets to {args.out}")
     print(generator.describe(list(data["target_statements"].values())))

@@ -64,6 +64,7 @@ def get_config() -> ConfigDict:
     c.sgs.solver_objective = "reinforce_half"  # reinforce_half | cispo | expert_iteration
     c.sgs.token_aware_try = False  # False = plain substring `try` ban (official); True = token-aware
     c.sgs.ei_buffer_iterations = 3  # Expert Iteration: iterations of proofs kept in the buffer
+    c.sgs.check_conjecture_statement = False  # elaborate each conjecture with `sorry` first; drop (and count) ill-formed ones (off: paper)
 
     c.solver_train = _optimizer_defaults(lr=3e-6, batch_size=32)  # Solver optimiser
     c.conjecturer_train = _optimizer_defaults(lr=3e-6, batch_size=32)  # Conjecturer optimiser
@@ -89,6 +90,7 @@ def get_config() -> ConfigDict:
     c.guide.sft_lr = 1e-5  # learning rate
     c.guide.sft_batch_size = 32  # sequences per optimiser step
     c.guide.sft_micro_batch_size = 4  # sequences per micro-batch
+    c.guide.shadow_score = False  # without the Guide (sgs.use_guide False): load it anyway, log its scores as guide_shadow/*, never reward them
     return c
 
 

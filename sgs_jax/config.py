@@ -258,13 +258,13 @@ def validate(cfg: ConfigDict) -> None:
     if not cfg.model.checkpoint:
         raise ConfigError("model.checkpoint must name the base prover checkpoint (the testbed preset names the packaged one)")
     _check_checkpoint("model.checkpoint", cfg.model.checkpoint)
-    if cfg.sgs.use_guide:
+    if cfg.sgs.use_guide or cfg.guide.shadow_score:
         if cfg.model.guide_checkpoint:
             _check_checkpoint("model.guide_checkpoint", cfg.model.guide_checkpoint)
         elif cfg.guide.sft_data:
             _check_file("guide.sft_data", cfg.guide.sft_data)
         else:
-            raise ConfigError("with sgs.use_guide, set model.guide_checkpoint or guide.sft_data")
+            raise ConfigError("with sgs.use_guide or guide.shadow_score, set model.guide_checkpoint or guide.sft_data")
     if cfg.targets.source == "file":
         if not cfg.targets.path:
             raise ConfigError("targets.path is required when targets.source='file'")

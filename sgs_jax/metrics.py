@@ -37,12 +37,33 @@ GENERATIONS = "generations"  # cumulative generation count (SPEC 4.10)
 CUMULATIVE_SOLVE_RATE = "cumulative_solve_rate"  # solved targets / |D|, in [0, 1]
 BASE_SOLVE_RATE = "base_solve_rate"  # step 0: targets the base Solver solves (pass@k) before training / |D|
 ITERATION_SOLVE_RATE = "iteration_solve_rate"  # targets solved (pass@k) this iteration / |D|
+# Per target group of the target records (`TargetSet.groups`): the same rates over the
+# group's targets only. "hard" is the hard split; "band/<name>" a difficulty band.
+HARD_GROUP = "hard"
+BAND_GROUP_PREFIX = "band/"
+CUMULATIVE_SOLVE_RATE_HARD = "cumulative_solve_rate/hard"
+ITERATION_SOLVE_RATE_HARD = "iteration_solve_rate/hard"
+CUMULATIVE_SOLVE_RATE_BAND = "cumulative_solve_rate/band/"  # + band name, e.g. .../band/high
 TOKENS_GENERATED = "tokens_generated"  # cumulative generated tokens
 CONJECTURE_DISJUNCTIVE_FRACTION = "conjectures/disjunctive_fraction"
 CONJECTURE_MEAN_CONCLUSION_LENGTH = "conjectures/mean_conclusion_length"  # characters
 CONJECTURE_MEAN_CLAUSES = "conjectures/mean_clauses"
 CONJECTURE_MALFORMED = "conjectures/malformed"  # count this iteration
 CONJECTURE_KEPT = "conjectures/kept"  # count rewarded (p70 rule: 0 < s <= p70): the Conjecturer's training samples
+CONJECTURE_ILL_FORMED = "conjectures/ill_formed"  # count dropped by the statement check
+CONJECTURE_STATEMENT_CHECK_ERRORS = "conjectures/statement_check_errors"  # checks that ended in a system error or timeout (kept)
+# Exact statement facts (testbed only, `sgs_jax.testbed.hacks`) over this iteration's
+# conjectures after extraction and dedup: well-formed over all, the rest over the
+# well-formed ones. The hack fractions are what the Guide is meant to hold down.
+CONJECTURE_WELL_FORMED_FRACTION = "conjectures/well_formed_fraction"
+CONJECTURE_TRUE_FRACTION = "conjectures/true_fraction"
+CONJECTURE_EASY_DISJUNCT_FRACTION = "conjectures/hack/easy_disjunct_fraction"  # a disjunct already follows
+CONJECTURE_CONCLUSION_IN_PREMISES_FRACTION = "conjectures/hack/conclusion_in_premises_fraction"  # the claim is given
+CONJECTURE_REDUNDANT_PREMISE_FRACTION = "conjectures/hack/redundant_premise_fraction"  # a hypothesis is not needed
+# The same hack fractions of the target set itself (step 0): each one's baseline.
+TARGET_EASY_DISJUNCT_FRACTION = "targets/hack/easy_disjunct_fraction"
+TARGET_CONCLUSION_IN_PREMISES_FRACTION = "targets/hack/conclusion_in_premises_fraction"
+TARGET_REDUNDANT_PREMISE_FRACTION = "targets/hack/redundant_premise_fraction"
 TARGET_DISJUNCTIVE_FRACTION = "targets/disjunctive_fraction"  # baseline of the target set
 TARGET_MEAN_CONCLUSION_LENGTH = "targets/mean_conclusion_length"  # characters
 SYNTHETIC_SOLVE_RATE = "synthetic_solve_rate"  # histogram of conjectures' solve rates
@@ -57,6 +78,14 @@ GUIDE_PARSE_FAILURES = "guide/parse_failures"  # count this iteration
 GUIDE_RELEVANCE = "guide/relevance"  # mean sub-scores over parsed outputs
 GUIDE_REDUNDANCY = "guide/redundancy"
 GUIDE_CONCLUSION_COMPLEXITY = "guide/conclusion_complexity"
+GUIDE_SCORE = "guide/score"  # mean Eq. 3 raw score (0..8) over parsed outputs
+# Shadow Guide (`guide.shadow_score`, runs without the Guide): the same means of the
+# Guide's scores of the kept conjectures, logged and never rewarded.
+GUIDE_SHADOW_PARSE_FAILURES = "guide_shadow/parse_failures"
+GUIDE_SHADOW_RELEVANCE = "guide_shadow/relevance"
+GUIDE_SHADOW_REDUNDANCY = "guide_shadow/redundancy"
+GUIDE_SHADOW_CONCLUSION_COMPLEXITY = "guide_shadow/conclusion_complexity"
+GUIDE_SHADOW_SCORE = "guide_shadow/score"
 VERIFY_SYSTEM_ERROR_RATE = "verify/system_error_rate"  # system errors / verifications
 VERIFY_TIMEOUTS = "verify/timeouts"  # count this iteration
 VERIFY_SECONDS = "verify/seconds"  # wall-clock seconds spent verifying this iteration

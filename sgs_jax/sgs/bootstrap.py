@@ -37,7 +37,7 @@ def load_target_set(cfg) -> TargetSet:
         path = download_from_hub(t.hub_id)
     target_set = TargetSet.load(path, t.max_proofs)
     if t.limit:
-        target_set = TargetSet(target_set.targets[: t.limit], target_set.proofs, t.max_proofs)
+        target_set = target_set.first(t.limit)
     return target_set
 
 
@@ -63,7 +63,7 @@ def initial_models(cfg, tokenizer, mesh, workdir: str) -> tuple[Llama, Llama | N
     if not cfg.model.checkpoint:
         raise ValueError("model.checkpoint is empty: name the base prover checkpoint (the testbed preset names the packaged one)")
     base = load_model(cfg, cfg.model.checkpoint, mesh)
-    if not cfg.sgs.use_guide:
+    if not (cfg.sgs.use_guide or cfg.guide.shadow_score):
         return base, None
     path = guide_path(cfg, workdir)
     if cfg.model.guide_checkpoint or os.path.exists(os.path.join(path, "config.json")):

@@ -168,6 +168,32 @@ def conjecture_phase(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class StatementCheck:
+    """conjectures: the phase with its ill-formed conjectures (and their rollouts) dropped.
+    ill_formed: dropped. errors: checks that ended in a system error or timeout (kept)."""
+
+    conjectures: ConjecturePhase
+    ill_formed: int
+    errors: int
+
+
+def statement_check_phase(ctx: PhaseContext, conj: ConjecturePhase, headers: dict[str, str]) -> StatementCheck:
+    """Elaborate every kept conjecture with `sorry` (`Verifier.check_statement`) under its
+    target's header, and drop those that do not elaborate before k proofs are spent on
+    them. A check that could not decide (system error, timeout) keeps the conjecture."""
+    futures = [ctx.verifier.check_statement(headers[c.target_id], c.statement) for c in conj.kept]
+    statuses = [f.result().status for f in futures]
+    undecided = (Status.SYSTEM_ERROR, Status.TIMEOUT)
+    keep = [s is Status.VERIFIED or s in undecided for s in statuses]
+    checked = dataclasses.replace(
+        conj,
+        kept=tuple(c for c, k in zip(conj.kept, keep) if k),
+        rollouts=tuple(r for r, k in zip(conj.rollouts, keep) if k),
+    )
+    return StatementCheck(checked, keep.count(False), sum(s in undecided for s in statuses))
+
+
 # ---- prove + verify -----------------------------------------------------------------------
 
 

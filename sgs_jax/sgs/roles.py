@@ -109,4 +109,4 @@ def build_roles(cfg, base: Llama, guide: Llama | None, mesh) -> Roles:
         )
     elif kind == CONJECTURER_FROZEN:
         frozen = base
-    return Roles(solver, conjecturer, frozen, guide if s.use_guide else None, shared)
+    return Roles(solver, conjecturer, frozen, guide if (s.use_guide or cfg.guide.shadow_score) else None, shared)

@@ -203,12 +203,17 @@ class SGSRun:
         Solver's pass@k on the targets."""
         from sgs_jax.analysis.statements import summarize_statements
 
-        summary = summarize_statements([t.statement for t in self.target_set.targets])
+        from sgs_jax.sgs.statement_facts import statement_fractions
+
+        statements = [t.statement for t in self.target_set.targets]
+        summary = summarize_statements(statements)
         scalars = {
             M.GENERATIONS: 0.0,
             M.CUMULATIVE_SOLVE_RATE: self.target_set.solved_fraction(),
+            **{f"{M.CUMULATIVE_SOLVE_RATE}/{g}": self.target_set.solved_fraction(ids) for g, ids in self.target_set.groups().items()},
             M.TARGET_DISJUNCTIVE_FRACTION: summary.disjunctive_fraction,
             M.TARGET_MEAN_CONCLUSION_LENGTH: summary.mean_conclusion_length,
+            **statement_fractions(statements, exact=self.settings.exact_statement_facts, of_targets=True),
         }
         if self.cfg.run.base_solve_rate:
             scalars[M.BASE_SOLVE_RATE] = self._base_solve_rate()

@@ -19,7 +19,7 @@ from sgs_jax.faults import fault_point
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.sgs import rewards
 from sgs_jax.sgs.phases import PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase
-from sgs_jax.sgs.roles import Roles
+from sgs_jax.sgs.roles import CONJECTURER, GUIDE, SOLVER, Roles
 from sgs_jax.sgs.target_set import TargetSet
 from sgs_jax.sgs.types import TARGET, Problem
 
@@ -114,11 +114,12 @@ def run_iteration(
     unsolved = target_set.unsolved()
     conj = None
     if settings.use_conjecturer and unsolved:
-        conj = conjecture_phase(
-            ctx, roles.conjecturer_model, unsolved, [t.statement for t in target_set.targets],
-            settings.conjectures_per_target, settings.condition_on_target,
-            settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
-        )
+        with roles.rollout_weights(CONJECTURER) as weights:
+            conj = conjecture_phase(
+                ctx, weights, unsolved, [t.statement for t in target_set.targets],
+                settings.conjectures_per_target, settings.condition_on_target,
+                settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
+            )
         fault_point("sampling")
     kept = conj.kept if conj else ()
     # 3-6: prove every target (Expert Iteration: those with room in their proof store) and
@@ -129,10 +130,11 @@ def run_iteration(
         targets = rewards.expert_iteration_targets(targets, stored_counts, target_set.max_proofs)
     problems = [Problem.from_target(t) for t in targets]
     problems += [Problem.from_conjecture(c, target_set.by_id[c.target_id].header) for c in kept]
-    proved = prove_phase(
-        ctx, roles.solver.model, problems, settings.k, settings.solver_max_total_len,
-        phase_seed(seed, iteration, "prove"), settings.chunk_problems,
-    )
+    with roles.rollout_weights(SOLVER) as weights:
+        proved = prove_phase(
+            ctx, weights, problems, settings.k, settings.solver_max_total_len,
+            phase_seed(seed, iteration, "prove"), settings.chunk_problems,
+        )
     rates = proved.solve_rates()
     num_targets = len(targets)
     newly_solved = 0
@@ -153,7 +155,8 @@ def run_iteration(
         guide_scores = None
         if settings.use_guide:
             pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
-            guided = guide_phase(ctx, roles.guide_model, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
+            with roles.rollout_weights(GUIDE) as weights:
+                guided = guide_phase(ctx, weights, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
             guide_scores = [None] * len(kept)
             for i, score in zip(keep_idx, guided.scores):
                 guide_scores[i] = score
@@ -170,11 +173,14 @@ def run_iteration(
     solver_samples, solver_examples = _solver_data(settings, proved, new_proofs, ei_buffer)
     # 9: updates (one epoch each; a shared model trains on both sets at once)
     if roles.shared:
-        out.update(_train(roles.solver, solver_examples + conj_examples, seed + iteration, "solver"))
+        with roles.training(SOLVER) as trainer:
+            out.update(_train(trainer, solver_examples + conj_examples, seed + iteration, "solver"))
     else:
-        out.update(_train(roles.solver, solver_examples, seed + iteration, "solver"))
+        with roles.training(SOLVER) as trainer:
+            out.update(_train(trainer, solver_examples, seed + iteration, "solver"))
         if settings.train_conjecturer:
-            out.update(_train(roles.conjecturer, conj_examples, seed + iteration + 1, "conjecturer"))
+            with roles.training(CONJECTURER) as trainer:
+                out.update(_train(trainer, conj_examples, seed + iteration + 1, "conjecturer"))
     # 10: bookkeeping
     conj_generated = conj.generated if conj else 0
     out[M.ITERATION_SOLVE_RATE] = sum(r > 0 for r in rates[:num_targets]) / len(target_set)

@@ -128,6 +128,15 @@ class Roles:
             self._place(train=trainer)
         yield trainer
 
+    def to_device(self) -> None:
+        """Every trainer's weights and optimizer state, and every frozen role, in device
+        memory (how a run starts; a checkpoint reads them there). The next phase parks the
+        idle ones again (`offload_idle`)."""
+        if self.form.offload_idle:
+            for trainer in self.trainable().values():
+                trainer.to_device()
+            self.frozen = {role: to_memory(w, DEVICE) for role, w in self.frozen.items()}
+
     # ---- internals ----------------------------------------------------------------------
     def _export_key(self, role: str) -> str:
         return SOLVER if self.trainer_of(role) is self.solver else role
@@ -226,7 +235,4 @@ def build_roles(cfg, base: Llama, guide: nnx.State | None, mesh) -> Roles:
         frozen[CONJECTURER] = cast_and_shard(nnx.state(base), mesh, form.dtype, form.rules)
     if guide is not None and s.use_guide:
         frozen[GUIDE] = guide
-    roles = Roles(solver, conjecturer, frozen, shared, form, mesh)
-    if form.offload_idle:
-        roles._place()
-    return roles
+    return Roles(solver, conjecturer, frozen, shared, form, mesh)

@@ -171,6 +171,7 @@ class SGSRun:
 
     def _save(self) -> None:
         """Checkpoint, then the side file derived from it."""
+        self.roles.to_device()  # idle roles parked in host memory come back for the checkpoint
         self.checkpointer.save(self.iteration, self._trees(), self._meta())
         self.checkpointed = self.iteration
         path = os.path.join(self.workdir, TARGETS_STATE_NAME)

@@ -24,10 +24,12 @@ from flax import nnx
 
 from sgs_jax.config import ConfigError
 from sgs_jax.models import Llama
+from sgs_jax.parallel.memory import RolesPlan, RoleTraining, plan_roles
 from sgs_jax.parallel.placement import DEVICE, HOST, cast_and_shard, supports_host_memory, to_memory
 from sgs_jax.parallel.rules import layout_rules
 from sgs_jax.rl.optimizer import OptimizerConfig
 from sgs_jax.rl.train_step import TrainConfig, Trainer
+from sgs_jax.sampling.shapes import cache_length
 
 SOLVER, CONJECTURER, GUIDE = "solver", "conjecturer", "guide"
 
@@ -124,8 +126,10 @@ class Roles:
         """One training phase of `role`'s own trainer (None when it has none); with
         `offload_idle`, only that trainer's state is on device meanwhile."""
         trainer = self.trainable().get(role)
-        if trainer is not None and self.form.offload_idle:
-            self._place(train=trainer)
+        if trainer is not None:
+            self._drop(self._export_key(role))  # a kept copy is stale after this phase: free it now
+            if self.form.offload_idle:
+                self._place(train=trainer)
         yield trainer
 
     def to_device(self) -> None:
@@ -204,6 +208,38 @@ def conjecturer_weights(cfg) -> str:
     return CONJECTURER_SHARED if cfg.model.parameter_sharing else CONJECTURER_TRAINED
 
 
+def training_lengths(cfg) -> tuple[int, int]:
+    """(Solver, Conjecturer) longest training sequence: the Solver's prompt + proof cap (a
+    shared model also trains on conjectures), the Conjecturer's that plus its generation."""
+    max_len = cfg.sampling.solver_max_total_len
+    conj_len = max_len + cfg.sampling.conjecturer_max_new_tokens
+    shared = conjecturer_weights(cfg) == CONJECTURER_SHARED
+    return (max(max_len, conj_len) if shared else max_len), conj_len
+
+
+def memory_plan(cfg, model_config, mesh_shape: tuple[int, int, int]) -> RolesPlan:
+    """The per-device memory plan of the configured experiment's roles (`parallel.memory.
+    plan_roles`) for `model_config` (the architecture in the run's numerics) on a (data,
+    fsdp, tensor) mesh. The KV pool is `sampling.kv_pool_tokens` when the config has it,
+    else the current sampler's reservation: max_batch slots x the Solver's cache length."""
+    s, kind = cfg.sgs, conjecturer_weights(cfg)
+    solver_seq, conj_len = training_lengths(cfg)
+    trained = [RoleTraining("Solver", cfg.solver_train.micro_batch_size, solver_seq)]
+    if kind == CONJECTURER_TRAINED:
+        trained.append(RoleTraining("Conjecturer", cfg.conjecturer_train.micro_batch_size, conj_len))
+    frozen = (["Conjecturer"] if kind == CONJECTURER_FROZEN else []) + (["Guide"] if s.use_guide else [])
+    sampling = []
+    if kind != CONJECTURER_NONE:
+        sampling.append(("Conjecturer", "Solver" if kind == CONJECTURER_SHARED else "Conjecturer"))
+    sampling.append(("Solver", "Solver"))
+    if s.use_guide:
+        sampling.append(("Guide", "Guide"))
+    max_total = cfg.sampling.solver_max_total_len
+    kv_tokens = cfg.sampling.get("kv_pool_tokens") or cfg.sampling.max_batch * cache_length(1, max_total, max_total)
+    return plan_roles(model_config, mesh_shape, trained, sampling, frozen, cfg.sampling.weights_dtype,
+                      cfg.sampling.weights_layout, cfg.sampling.keep_inference_weights, cfg.roles.offload_idle, kv_tokens)
+
+
 def build_roles(cfg, base: Llama, guide: nnx.State | None, mesh) -> Roles:
     """Trainers and frozen weights for the configured experiment, all from `base` (the
     Guide's weights come ready, in the rollout form). Raises ConfigError when
@@ -214,13 +250,11 @@ def build_roles(cfg, base: Llama, guide: nnx.State | None, mesh) -> Roles:
         platform = mesh.devices.flat[0].platform
         raise ConfigError(f"roles.offload_idle: the {platform} devices have no pinned_host memory kind, so idle roles "
                           "cannot be parked in host memory; set roles.offload_idle=False")
-    max_len = cfg.sampling.solver_max_total_len
-    conj_len = max_len + cfg.sampling.conjecturer_max_new_tokens
     kind = conjecturer_weights(cfg)
     shared = kind == CONJECTURER_SHARED
     if shared and s.solver_objective == "cispo":
         raise ValueError("parameter_sharing with a CISPO Solver is not supported (the Conjecturer's update is weighted NLL)")
-    solver_seq = max(max_len, conj_len) if shared else max_len
+    solver_seq, conj_len = training_lengths(cfg)
     solver = Trainer(copy_model(base), train_config(cfg.solver_train, s.solver_objective, cfg.cispo, solver_seq, cfg.run.seed), mesh)
     conjecturer = None
     frozen: dict[str, nnx.State] = {}

@@ -85,6 +85,8 @@ def test_kept_export_is_reused_until_the_trainer_steps(random_checkpoints, tmp_p
     with roles.rollout_weights(CONJECTURER) as fresh:
         assert fresh is not first
     assert all(x.is_deleted() for x in _leaves(first)) and len(count_exports) == 2
+    with roles.training(CONJECTURER):  # a training phase frees the copy it makes stale at once
+        assert all(x.is_deleted() for x in _leaves(fresh))
 
 
 def test_frozen_roles_hold_only_the_inference_form(random_checkpoints, tmp_path):

@@ -52,6 +52,12 @@ def get_config() -> ConfigDict:
     c.sampling.conjecturer_max_new_tokens = 8192  # Conjecturer generation cap
     c.sampling.guide_max_new_tokens = 8192  # Guide generation cap
     c.sampling.max_batch = 256  # concurrent sequences (slots) in the sampler
+    c.sampling.weights_dtype = "bfloat16"  # dtype of the weights every role samples with (trainers keep model.param_dtype masters)
+    c.sampling.weights_layout = "inference"  # inference (replicated over data/fsdp, heads/MLP/vocab over tensor: no weight all-gather in decode) | training (the trainers' FSDP layout)
+    c.sampling.keep_inference_weights = False  # keep a trainer's sampling copy until it steps (else released after each sampling phase)
+
+    c.roles = ConfigDict()
+    c.roles.offload_idle = False  # park the weights / optimizer states a phase does not use in pinned host memory
 
     c.sgs = ConfigDict()
     c.sgs.use_conjecturer = True  # False = Solver-only RL baselines

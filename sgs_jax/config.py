@@ -37,6 +37,8 @@ _CHOICES = {
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat_policy": ("none", "full", "dots"),
     "model.attention": ("auto", "xla", "cudnn", "splash"),
+    "sampling.weights_dtype": ("float32", "bfloat16"),
+    "sampling.weights_layout": ("inference", "training"),
     "sgs.solver_objective": ("reinforce_half", "cispo", "expert_iteration"),
     "solver_train.normalization": ("batch_tokens", "sequence"),
     "conjecturer_train.normalization": ("batch_tokens", "sequence"),

@@ -5,6 +5,11 @@ Estimate (no compile, any size, instant):
   sgs-plan --param-dtype float32 --fsdp 8      # the paper preset: fp32 master weights, bf16 compute
   sgs-plan --checkpoint /path/to/hf_checkpoint --fsdp 16 --tensor 4
 
+The three roles of a run, phase by phase (trainers' fp32 state, inference copies, frozen
+Guide, KV pool), and whether the busiest phase fits a device's HBM:
+  sgs-plan --roles --config configs/sgs.py:paper --fsdp 8 --hbm-gib 95
+  sgs-plan --roles --config configs/sgs.py:paper --config.roles.offload_idle=true --hbm-gib 95
+
 Ahead-of-time compile of a run's real programs for a topology you need not have
 (TPU via libtpu's compile-only devices: pip install -e '.[tpu]'; cpu:N simulated devices;
 h100:N / h200:N compile with XLA:CPU and read the roofline with that GPU's figures):
@@ -24,7 +29,7 @@ import os
 import sys
 
 from sgs_jax.models.config import PRESETS, ModelConfig, preset
-from sgs_jax.parallel.memory import plan_memory
+from sgs_jax.parallel.memory import GIB, plan_memory
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,10 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, help="tokens per training sequence (estimate: 8192; --aot: the Solver's longest bucket)")
     p.add_argument("--sample-batch", type=int, default=64, help="global concurrent sequences while sampling (estimate only)")
     p.add_argument("--frozen", action="store_true", help="no gradients or optimizer state (the Guide; estimate only)")
+    p.add_argument("--hbm-gib", type=float, help="HBM per device in GiB for the estimate and --roles: say whether the plan fits (e.g. 95 for v5p, 141 for H200)")
+    p.add_argument("--config", default="configs/sgs.py:paper",
+                   help="run config FILE.py[:PRESET] for --roles and --aot; --config.FIELD=VALUE overrides a field (as for sgs-train)")
+    roles = p.add_argument_group("the roles of a run (--roles)")
+    roles.add_argument("--roles", action="store_true", help="plan the run config's roles phase by phase (numerics from the config)")
     aot = p.add_argument_group("ahead-of-time compile (--aot)")
     aot.add_argument("--aot", metavar="TOPOLOGY", help="compile for KIND:SHAPE: v5p:2x2x2, v5e:4x4, v5p:2x4x4, v6e:4x4, v4:2x2x1, cpu:8, h200:8")
-    aot.add_argument("--config", default="configs/sgs.py:paper",
-                     help="run config FILE.py[:PRESET] whose programs are compiled; --config.FIELD=VALUE overrides a field (as for sgs-train)")
     aot.add_argument("--num-layers", type=int, help="model depth override (e.g. 2 for a quick plan of the full width)")
     aot.add_argument("--programs", default="train,apply,prefill,decode", help="comma-separated subset of train,apply,prefill,decode")
     aot.add_argument("--prompt-len", type=int, default=1024, help="prefill prompt length (rounded up to its bucket)")
@@ -83,11 +91,42 @@ def main(argv=None) -> int:
             return 2
     if args.aot:
         return _aot(args)
+    if args.hbm_gib is not None and args.hbm_gib <= 0:
+        print("sgs-plan: --hbm-gib must be positive", file=sys.stderr)
+        return 2
+    hbm = None if args.hbm_gib is None else args.hbm_gib * GIB
+    mesh = (args.data, args.fsdp, args.tensor)
+    if args.roles:
+        return _roles(args, mesh, hbm)
     runtime = dict(dtype=args.dtype, param_dtype=args.param_dtype or args.dtype)
     config = ModelConfig.from_hf_file(args.checkpoint, **runtime) if args.checkpoint else preset(args.preset, **runtime)
-    plan = plan_memory(config, (args.data, args.fsdp, args.tensor), args.micro_batch or 8, args.seq_len or 8192, args.sample_batch, not args.frozen)
+    plan = plan_memory(config, mesh, args.micro_batch or 8, args.seq_len or 8192, args.sample_batch, not args.frozen)
     print(f"model: {args.checkpoint or args.preset}  mesh: data={args.data} fsdp={args.fsdp} tensor={args.tensor}")
     print(plan.table())
+    if hbm is not None:
+        fits = "fits" if plan.total_bytes <= hbm else "DOES NOT FIT"
+        print(f"{plan.total_bytes / GIB:.3f} GiB per device of {args.hbm_gib:.1f} GiB HBM: {fits}")
+    return 0
+
+
+def _roles(args, mesh, hbm) -> int:
+    """`--roles`: the config's roles on the mesh, for the --preset / --checkpoint architecture."""
+    from sgs_jax.config import ConfigError, load_config
+    from sgs_jax.sgs.roles import memory_plan
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"sgs-plan: {err}", file=sys.stderr)
+        return 2
+    runtime = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+    config = ModelConfig.from_hf_file(args.checkpoint, **runtime) if args.checkpoint else preset(args.preset, **runtime)
+    plan = memory_plan(cfg, config, mesh)
+    print(f"model: {args.checkpoint or args.preset} ({config.param_dtype} masters, {config.dtype} compute)  config: {args.config}"
+          f"  mesh: data={args.data} fsdp={args.fsdp} tensor={args.tensor}")
+    print(f"sampling weights: {cfg.sampling.weights_dtype}, {cfg.sampling.weights_layout} layout; keep_inference_weights="
+          f"{cfg.sampling.keep_inference_weights}; offload_idle={cfg.roles.offload_idle}")
+    print(plan.table(hbm))
     return 0
 
 

@@ -37,6 +37,22 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "cache_seq": None,
 }
 
+# The rollout engine's weights: like RULES but replicated over data and fsdp (`embed` whole),
+# so a decode step reads only local weights (no all-gather per step or chunk); heads, MLP and
+# vocabulary still split over tensor. Activations follow RULES (they use `act_*` names).
+INFERENCE_RULES: dict[str, tuple[str, ...] | None] = {**RULES, "embed": None}
+
+# `sampling.weights_layout` -> the parameter rules of the sampling copy.
+LAYOUTS: dict[str, dict[str, tuple[str, ...] | None]] = {"inference": INFERENCE_RULES, "training": RULES}
+
+
+def layout_rules(layout: str) -> dict[str, tuple[str, ...] | None]:
+    """The parameter rules of a named layout (`LAYOUTS`); ValueError naming the choices."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown weights layout {layout!r}; expected one of {tuple(LAYOUTS)}")
+    return LAYOUTS[layout]
+
+
 # (module name, parameter name) -> logical axes of the parameter's dimensions. Per-layer
 # parameters are stacked over layers (`layers`, leading).
 PARAM_LOGICAL_AXES: dict[tuple[str, str], tuple[str, ...]] = {

@@ -12,6 +12,12 @@ shardings (parameters by the logical-axis rules, micro-batch rows over (data, fs
 donate what they replace. Because every row carries its share of the batch normaliser,
 summing micro-batch gradients gives exactly the gradient of the whole batch's loss; each
 bucket length compiles once. Remat follows the model config (`remat_policy`).
+
+The weight-sync boundary: the Trainer's fp32 master weights stay in the training layout;
+`export_for_inference(dtype, rules)` hands the rollout engine its own copy (e.g. bf16,
+replicated over data and fsdp) by one jitted cast-and-reshard, and `weights_version` tells
+holders of such a copy when it is stale. `to_host` / `to_device` move an idle role's
+weights and optimizer state out of device memory and back.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from sgs_jax.parallel import activation_sharding, make_mesh, state_shardings
+from sgs_jax.parallel import activation_sharding, make_mesh, named_sharding, state_shardings
+from sgs_jax.parallel.placement import DEVICE, HOST, cast_and_shard, to_memory
 from sgs_jax.parallel.rules import batch_spec, check_batch
 from sgs_jax.rl import objectives
 from sgs_jax.rl.batching import (
@@ -278,13 +285,51 @@ class Trainer:
         self.mesh = mesh if mesh is not None else make_mesh(1, 1, 1, devices=jax.devices()[:1])
         graphdef, params = nnx.split(model)
         self.programs = programs_for(graphdef, params, config, self.mesh)
+        self.weights_version = 0  # bumped whenever `params` is replaced (a step, a restore)
         self.params = jax.device_put(params, self.programs.param_shardings)
         nnx.update(self.model, self.params)
         self.opt_state = self.programs.init_opt(self.params)
 
+    @property
+    def params(self):
+        """The master weights (nnx.State, the model's param dtype, training layout)."""
+        return self._params
+
+    @params.setter
+    def params(self, value) -> None:
+        self._params = value
+        self.weights_version += 1  # copies exported from the old weights are now stale
+
+    # ---- the weight-sync boundary --------------------------------------------------------
+    def export_for_inference(self, dtype, rules) -> nnx.State:
+        """The weights as the rollout engine holds them: cast to `dtype` and laid out by
+        `rules` (`parallel.rules.LAYOUTS`) on this trainer's mesh, by one jitted
+        cast-and-reshard. New buffers: the master weights stay as they are (dtype, layout,
+        values). In the master dtype and the training layout it is the master weights
+        themselves (no copy), valid until the next step donates them; check
+        `weights_version` before reusing any export.
+        """
+        return cast_and_shard(to_memory(self.params, DEVICE), self.mesh, dtype, rules)
+
+    def to_host(self) -> None:
+        """Move the master weights and optimizer state to pinned host memory (an idle role
+        between phases); `step`, `train_epoch` and `export_for_inference` bring them back."""
+        self._move(HOST)
+
+    def to_device(self) -> None:
+        """Bring the master weights and optimizer state back to device memory (a no-op there)."""
+        self._move(DEVICE)
+
+    def _move(self, kind: str) -> None:
+        self._params = to_memory(self._params, kind)  # same values: the version stays
+        self.opt_state = to_memory(self.opt_state, kind)
+        nnx.update(self.model, self._params)
+
     # ---- host-side API ----------------------------------------------------------------
     def reset_optimizer(self) -> None:
         """A fresh Adam state (step count 0, zero moments), as each SGS iteration starts."""
+        self.opt_state = None  # the old moments go first (device or host): never two at once
+        self.to_device()
         self.opt_state = self.programs.init_opt(self.params)
 
     def micro_batches(self, examples: Sequence[SequenceExample], num_groups: int | None = None) -> list[MicroBatch]:
@@ -313,6 +358,7 @@ class Trainer:
         if not examples:
             raise ValueError("an optimiser step needs at least one example")
         batches = self.micro_batches(examples, num_groups)
+        self.to_device()
         acc = self.programs.zero_acc(self.params)
         for batch in batches:
             acc = self.programs.accumulate(self.params, acc, batch)

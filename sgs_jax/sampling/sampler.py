@@ -63,6 +63,16 @@ def _leaf_signature(tree) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
     return [(path_names(p), tuple(x.shape)) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+def _on_mesh(params, mesh: Mesh) -> bool:
+    """Whether every leaf is already a device array laid out on `mesh` (the caller chose its
+    dtype and layout, e.g. the inference form: kept as it is)."""
+    return all(
+        isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
+        and x.sharding.memory_kind in (None, "device")
+        for x in jax.tree_util.tree_leaves(params)
+    )
+
+
 def _numerics(config: ModelConfig | None):
     """The config without what does not change sampling: special-token ids, and the
     training-only remat policy (the cached forward never rematerialises)."""
@@ -141,7 +151,9 @@ class Sampler:
     ) -> list[list[Completion]]:
         """Sample `params.num_samples` completions for every prompt (token ids).
 
-        model_or_params: a `Llama` or its `nnx.State` (this Sampler's architecture).
+        model_or_params: a `Llama` or its `nnx.State` (this Sampler's architecture); arrays
+        already on this Sampler's mesh keep their dtype and layout (e.g. the bf16 inference
+        form, `sgs.roles`), others are placed by the training rules.
         max_new_tokens_per_prompt: optional per-prompt caps replacing params.max_new_tokens.
         on_prompt_done: called with (prompt index, its completions) as soon as every sample
         of that prompt has finished, in finishing order (so callers can write results as
@@ -277,7 +289,7 @@ class Sampler:
             raise TypeError(f"expected a Llama or its nnx.State, got {type(model_or_params).__name__}") from err
         if signature != self._signature:
             raise ValueError("the parameters do not match this Sampler's model config (names or shapes differ)")
-        if self._param_shardings is not None:
+        if self._param_shardings is not None and not _on_mesh(params, self.mesh):
             params = jax.device_put(params, self._param_shardings)
         return params
 

@@ -21,8 +21,8 @@ from sgs_jax.sgs import rewards
 from sgs_jax.sgs.phases import (GuidePhase, PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase,
                                 statement_check_phase)
 from sgs_jax.sgs.progress import phase
+from sgs_jax.sgs.roles import CONJECTURER, GUIDE, SOLVER, Roles
 from sgs_jax.sgs.statement_facts import statement_fractions
-from sgs_jax.sgs.roles import Roles
 from sgs_jax.sgs.target_set import TargetSet
 from sgs_jax.sgs.types import TARGET, Problem
 
@@ -149,9 +149,10 @@ def run_iteration(
     unsolved = target_set.unsolved()
     conj = None
     if settings.use_conjecturer and unsolved:
-        with phase(ctx.progress, "conjecture", len(unsolved) * settings.conjectures_per_target, "samples"):
+        with phase(ctx.progress, "conjecture", len(unsolved) * settings.conjectures_per_target, "samples"), \
+                roles.rollout_weights(CONJECTURER) as weights:
             conj = conjecture_phase(
-                ctx, roles.conjecturer_model, unsolved, [t.statement for t in target_set.targets],
+                ctx, weights, unsolved, [t.statement for t in target_set.targets],
                 settings.conjectures_per_target, settings.condition_on_target,
                 settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
             )
@@ -172,9 +173,9 @@ def run_iteration(
         targets = rewards.expert_iteration_targets(targets, stored_counts, target_set.max_proofs)
     problems = [Problem.from_target(t) for t in targets]
     problems += [Problem.from_conjecture(c, target_set.by_id[c.target_id].header) for c in kept]
-    with phase(ctx.progress, "prove + verify", len(problems) * settings.k, "samples"):
+    with phase(ctx.progress, "prove + verify", len(problems) * settings.k, "samples"), roles.rollout_weights(SOLVER) as weights:
         proved = prove_phase(
-            ctx, roles.solver.model, problems, settings.k, settings.solver_max_total_len,
+            ctx, weights, problems, settings.k, settings.solver_max_total_len,
             phase_seed(seed, iteration, "prove"), settings.chunk_problems,
         )
     rates = proved.solve_rates()
@@ -198,8 +199,9 @@ def run_iteration(
         guide_scores = None
         if settings.use_guide or settings.shadow_guide:
             pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
-            with phase(ctx.progress, "Guide" if settings.use_guide else "shadow Guide", len(pairs), "replies"):
-                guided = guide_phase(ctx, roles.guide_model, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
+            with phase(ctx.progress, "Guide" if settings.use_guide else "shadow Guide", len(pairs), "replies"), \
+                    roles.rollout_weights(GUIDE) as weights:
+                guided = guide_phase(ctx, weights, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
             out.update(_guide_metrics(guided, shadow=not settings.use_guide))
             for i, reply in zip(keep_idx, guided.replies):
                 guide_replies[i] = reply
@@ -214,11 +216,14 @@ def run_iteration(
     solver_samples, solver_examples = _solver_data(settings, proved, new_proofs, ei_buffer)
     # 9: updates (one epoch each; a shared model trains on both sets at once)
     if roles.shared:
-        out.update(_train(roles.solver, solver_examples + conj_examples, seed + iteration, "solver", ctx.progress))
+        with roles.training(SOLVER) as trainer:
+            out.update(_train(trainer, solver_examples + conj_examples, seed + iteration, "solver", ctx.progress))
     else:
-        out.update(_train(roles.solver, solver_examples, seed + iteration, "solver", ctx.progress))
+        with roles.training(SOLVER) as trainer:
+            out.update(_train(trainer, solver_examples, seed + iteration, "solver", ctx.progress))
         if settings.train_conjecturer:
-            out.update(_train(roles.conjecturer, conj_examples, seed + iteration + 1, "conjecturer", ctx.progress))
+            with roles.training(CONJECTURER) as trainer:
+                out.update(_train(trainer, conj_examples, seed + iteration + 1, "conjecturer", ctx.progress))
     # 10: bookkeeping
     conj_generated = conj.generated if conj else 0
     out[M.ITERATION_SOLVE_RATE] = sum(r > 0 for r in rates[:num_targets]) / len(target_set)

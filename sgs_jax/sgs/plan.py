@@ -33,7 +33,7 @@ from sgs_jax.parallel.rules import replicated_parameters
 from sgs_jax.rl.train_step import TrainConfig, programs_for
 from sgs_jax.sampling import Sampler
 from sgs_jax.sampling.shapes import DEFAULT_PROMPT_BUCKETS, bucket_for, cache_length
-from sgs_jax.sgs.roles import train_config
+from sgs_jax.sgs.roles import train_config, training_lengths
 
 PROGRAMS = ("train", "apply", "prefill", "decode")
 DEFAULT_PRESET = "deepseek-prover-v2-7b"
@@ -56,7 +56,7 @@ def plan_model_config(cfg, num_layers: int | None = None, preset_name: str = DEF
 
 def solver_train_config(cfg, micro_batch: int | None = None) -> TrainConfig:
     """The Solver's TrainConfig exactly as `roles.build_roles` makes it (micro_batch overrides)."""
-    config = train_config(cfg.solver_train, cfg.sgs.solver_objective, cfg.cispo, cfg.sampling.solver_max_total_len)
+    config = train_config(cfg.solver_train, cfg.sgs.solver_objective, cfg.cispo, training_lengths(cfg)[0])
     return dataclasses.replace(config, micro_batch_size=micro_batch) if micro_batch else config
 
 

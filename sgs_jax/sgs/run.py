@@ -45,7 +45,7 @@ from sgs_jax.sgs.iteration import IterationSettings, run_iteration
 from sgs_jax.sgs.phases import PhaseContext
 from sgs_jax.sgs.progress import RunProgress, iteration_summary, phase
 from sgs_jax.sgs.rewards import ExpertIterationBuffer
-from sgs_jax.sgs.roles import CONJECTURER_FROZEN, CONJECTURER_NONE, Roles, build_roles, conjecturer_weights
+from sgs_jax.sgs.roles import CONJECTURER_FROZEN, CONJECTURER_NONE, SOLVER, Roles, build_roles, conjecturer_weights
 from sgs_jax.sgs.saved_roles import export_record, write_export
 from sgs_jax.sgs.stopping import GracefulStop
 from sgs_jax.verify import make_backend
@@ -191,6 +191,7 @@ class SGSRun:
 
     def _save(self) -> None:
         """Checkpoint, then the side file derived from it."""
+        self.roles.to_device()  # idle roles parked in host memory come back for the checkpoint
         self.checkpointer.save(self.iteration, self._trees(), self._meta())
         self.checkpointed = self.iteration
         path = os.path.join(self.workdir, TARGETS_STATE_NAME)
@@ -225,8 +226,8 @@ class SGSRun:
         and verifier, on the evaluation seed stream). Nothing of it is kept: no proof enters
         the target set, no sample is trained on or counted as a generation."""
         k, targets = self.settings.k, self.target_set.targets
-        with phase(self.progress, "base model", len(targets) * k, "samples"):
-            result = evaluation.evaluate_solver(self.ctx, self.roles.solver.model, targets, k,
+        with phase(self.progress, "base model", len(targets) * k, "samples"), self.roles.rollout_weights(SOLVER) as weights:
+            result = evaluation.evaluate_solver(self.ctx, weights, targets, k,
                                                 self.settings.solver_max_total_len, self.settings.seed,
                                                 self.cfg.sampling.max_batch)
         rate = result.solved / len(targets)

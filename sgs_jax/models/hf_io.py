@@ -2,15 +2,18 @@
 
 Hugging Face stores one tensor per layer (`model.layers.{i}.self_attn.q_proj.weight`); we
 stack each over layers ([layers, ...], see `sgs_jax.models.llama`). Loading memory-maps
-every safetensors tensor and builds each stacked parameter with
-`jax.make_array_from_callback`: a device's shard is cut straight out of the per-layer maps
-(a strided view in our layout, then one copy of just that shard), so neither the host nor
-any device ever holds more than its share of the model. Saving writes `config.json` and
-sharded safetensors that `transformers` loads, gathering one layer's tensor at a time.
+Loading opens every safetensors file lazily (`safetensors.safe_open(..., framework="numpy")`)
+and builds each stacked parameter with `jax.make_array_from_callback`: a device's shard is
+read straight from the files with `get_slice` (the box of each per-layer HF tensor that the
+shard covers, then the view into our layout), so neither the host nor any device ever holds
+more than its share of the model. Saving writes `config.json` and sharded safetensors
+(`safetensors.numpy.save_file`) that `transformers` loads, gathering one layer's tensor at a
+time and holding one file's tensors on the host at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
-from sgs_jax.models import safetensors_io
 from sgs_jax.models.build import abstract_model
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.llama import Llama
@@ -79,19 +83,37 @@ def _is_stacked(path: tuple[str, ...]) -> bool:
     return path[0] == "layers"
 
 
-def to_our_layout(path: tuple[str, ...], hf_array: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """Convert one HF tensor (torch Linear layout [out, in]; one layer's for stacked
-    parameters) to ours. Only transposes and reshapes that NumPy does as views, so a
-    memory-mapped tensor stays mapped until it is sliced and copied."""
-    c, module = config, path[-2]
-    if module in ("q_proj", "k_proj", "v_proj"):
-        heads = c.num_heads if module == "q_proj" else c.num_kv_heads
-        return hf_array.T.reshape(c.hidden_size, heads, c.head_dim)
-    if module == "o_proj":
-        return hf_array.T.reshape(c.num_heads, c.head_dim, c.hidden_size)
+def _bounds(index: slice, size: int) -> tuple[int, int]:
+    start, stop, step = index.indices(size)
+    if step != 1:
+        raise ValueError(f"shard index {index} is strided")
+    return start, stop
+
+
+def read_our_slice(path: tuple[str, ...], source, index: tuple[slice, ...], shape: tuple[int, ...],
+                   config: ModelConfig) -> np.ndarray:
+    """`index` (one slice per axis) of a (per-layer) parameter of our `shape`, from its HF
+    tensor in torch Linear layout [out, in] (the inverse of `to_hf_layout`), reading only the
+    box of the HF tensor that the index covers. `source` is a safetensors slice
+    (`safe_open(...).get_slice(name)`) or an array. A head axis merged with head_dim in HF
+    ([heads * head_dim, ...]) is read for whole heads, then cut to the head_dim slice.
+    Returns an array of the index's shape (a view of the box read)."""
+    module = path[-2]
+    if module in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        head_axis, dim_axis, embed_axis = (1, 2, 0) if module != "o_proj" else (0, 1, 2)
+        (h0, h1), (e0, e1) = _bounds(index[head_axis], shape[head_axis]), _bounds(index[embed_axis], shape[embed_axis])
+        d = config.head_dim
+        rows = slice(h0 * d, h1 * d)  # HF's merged (head, head_dim) axis
+        box = source[rows, e0:e1] if module != "o_proj" else source[e0:e1, rows]
+        if module != "o_proj":
+            ours = np.asarray(box).T.reshape(e1 - e0, h1 - h0, d)
+            return ours[:, :, index[dim_axis]]
+        return np.asarray(box).T.reshape(h1 - h0, d, e1 - e0)[:, index[dim_axis], :]
     if module in ("gate_proj", "up_proj", "down_proj", "lm_head"):
-        return hf_array.T
-    return hf_array
+        (a0, a1), (b0, b1) = _bounds(index[0], shape[0]), _bounds(index[1], shape[1])
+        return np.asarray(source[b0:b1, a0:a1]).T
+    bounds = [_bounds(i, n) for i, n in zip(index, shape)]
+    return np.asarray(source[tuple(slice(a, b) for a, b in bounds)])
 
 
 def to_hf_layout(path: tuple[str, ...], array: np.ndarray) -> np.ndarray:
@@ -183,41 +205,48 @@ def load_hf(
 
     flat_abstract = {path_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(abstract_state)}
     flat_shardings = {path_names(p): s for p, s in jax.tree_util.tree_leaves_with_path(shardings)}
-    sources = _checkpoint_sources(directory, config, flat_abstract)
     loaded: dict[tuple[str, ...], jax.Array] = {}
-    for ours, target in flat_abstract.items():
+    with contextlib.ExitStack() as files:
+        sources = _checkpoint_sources(directory, config, flat_abstract, files)
+        for ours, target in flat_abstract.items():
 
-        def shard(index, ours=ours, dtype=target.dtype):
-            if not _is_stacked(ours):
-                return np.asarray(to_our_layout(ours, sources[ours, None], config)[index], dtype=dtype)
-            layers = range(config.num_layers)[index[0]]
-            parts = [to_our_layout(ours, sources[ours, i], config)[index[1:]] for i in layers]
-            out = np.empty((len(parts), *parts[0].shape), dtype)
-            for j, part in enumerate(parts):  # one copy per layer slice, converted on the way
-                out[j] = part
-            return out
+            def shard(index, ours=ours, target=target):
+                if not _is_stacked(ours):
+                    return np.asarray(read_our_slice(ours, sources[ours, None], index, target.shape, config), target.dtype)
+                layers = range(config.num_layers)[index[0]]
+                out = np.empty((len(layers), *(len(range(n)[i]) for i, n in zip(index[1:], target.shape[1:]))), target.dtype)
+                for j, layer in enumerate(layers):  # one read of this shard's box per layer
+                    out[j] = read_our_slice(ours, sources[ours, layer], index[1:], target.shape[1:], config)
+                return out
 
-        loaded[ours] = jax.make_array_from_callback(target.shape, flat_shardings[ours], shard)
+            loaded[ours] = jax.make_array_from_callback(target.shape, flat_shardings[ours], shard)
     state = jax.tree_util.tree_map_with_path(lambda p, _: loaded[path_names(p)], abstract_state)
     return nnx.merge(graphdef, state)
 
 
-def _checkpoint_sources(directory: str, config: ModelConfig, flat_abstract) -> dict[tuple, np.ndarray]:
-    """{(our path, layer or None): memory-mapped HF tensor}, checked against the config:
-    every parameter (every layer of stacked ones) present, nothing unknown, shapes right."""
-    sources: dict[tuple, np.ndarray] = {}
+def _checkpoint_sources(directory: str, config: ModelConfig, flat_abstract, files: contextlib.ExitStack) -> dict[tuple, Any]:
+    """{(our path, layer or None): lazy safetensors slice of the HF tensor}, checked against
+    the config: every parameter (every layer of stacked ones) present, nothing unknown,
+    shapes right. The files stay open until `files` closes."""
+    sources: dict[tuple, Any] = {}
     for file in checkpoint_files(directory):
-        for name, hf_array in safetensors_io.iter_tensors(file):
+        try:
+            handle = files.enter_context(safe_open(file, framework="numpy"))
+        except SafetensorError as err:
+            raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupted ({err})") from None
+        for name in handle.keys():
             mapped = hf_name_to_path(name)
             if mapped is None or (mapped[0] == ("lm_head", "kernel") and config.tie_word_embeddings):
                 continue
             ours, layer = mapped
             if ours not in flat_abstract or (layer is not None and layer >= config.num_layers):
                 raise CheckpointError(f"tensor {name} does not fit the config (no parameter {'/'.join(ours)} layer {layer})")
+            hf_slice = handle.get_slice(name)
             shape = flat_abstract[ours].shape[1:] if layer is not None else flat_abstract[ours].shape
-            if tuple(hf_array.shape) != hf_shape(ours, shape):
-                raise CheckpointError(f"tensor {name}: shape {hf_array.shape} does not match the config (expected {shape} in our layout)")
-            sources[ours, layer] = hf_array
+            if tuple(hf_slice.get_shape()) != hf_shape(ours, shape):
+                raise CheckpointError(f"tensor {name}: shape {tuple(hf_slice.get_shape())} does not match the config "
+                                      f"(expected {shape} in our layout)")
+            sources[ours, layer] = hf_slice
     wanted = [
         (ours, layer)
         for ours in flat_abstract
@@ -275,7 +304,7 @@ def save_hf(model: Llama, path: str | os.PathLike, max_shard_bytes: int = 4 << 3
     ]
     for file_name, shard_specs in zip(names, shards):
         if is_writer:
-            safetensors_io.write_file(os.path.join(path, file_name), shard_specs, fetch)
+            _write_safetensors(os.path.join(path, file_name), {name: fetch(name) for name, _, _ in shard_specs})
         else:  # other hosts still take part in the gathers
             for name, _, _ in shard_specs:
                 fetch(name)
@@ -290,6 +319,14 @@ def save_hf(model: Llama, path: str | os.PathLike, max_shard_bytes: int = 4 << 3
         json.dump(config.to_hf_dict(), f, indent=2)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
+
+
+def _write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
+    """One safetensors file, written under a temporary name first: never a half-written file
+    under the final name."""
+    tmp = path + ".tmp"
+    save_file({name: np.ascontiguousarray(t) for name, t in tensors.items()}, tmp, metadata={"format": "pt"})
+    os.replace(tmp, path)
 
 
 def _gather(array: jax.Array) -> np.ndarray:

@@ -87,16 +87,51 @@ def test_corrupted_checkpoint_gives_clear_error(tmp_path):
 
 
 def test_missing_tensor_gives_clear_error(tmp_path):
-    from sgs_jax.models import safetensors_io
+    from safetensors.numpy import load_file, save_file
 
     hf = make_hf_model("none")
     hf.save_pretrained(tmp_path)
-    tensors = dict(safetensors_io.iter_tensors(tmp_path / "model.safetensors"))
-    tensors = {k: np.array(v) for k, v in tensors.items() if "layers.1.mlp.up_proj" not in k}
-    specs = [(k, v.shape, v.dtype) for k, v in tensors.items()]
-    safetensors_io.write_file(tmp_path / "model.safetensors", specs, tensors.__getitem__)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if "layers.1.mlp.up_proj" not in k}, tmp_path / "model.safetensors")
     with pytest.raises(CheckpointError, match="lacks parameters"):
         load_hf(tmp_path)
+
+
+@pytest.mark.parametrize("module", ["q_proj", "k_proj", "o_proj", "up_proj", "down_proj", "input_layernorm"])
+def test_shard_reads_equal_slices_of_the_whole_tensor(tmp_path, module):
+    """`read_our_slice` reads only a shard's box of the file; it equals slicing the whole HF
+    tensor converted by hand (torch Linear [out, in] -> ours) for shards on every axis."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from sgs_jax.models.hf_io import hf_shape, read_our_slice
+
+    config = ModelConfig(vocab_size=32, hidden_size=12, intermediate_size=20, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=6)
+    e, h, kv, d, f = 12, 4, 2, 6, 20
+    ours_shape = {"q_proj": (e, h, d), "k_proj": (e, kv, d), "o_proj": (h, d, e), "up_proj": (e, f),
+                  "down_proj": (f, e), "input_layernorm": (e,)}[module]
+    path = ("layers", *{"input_layernorm": ("attn_norm", "scale")}.get(module, ("attn" if module[0] in "qko" else "mlp", module, "kernel")))
+    hf = np.random.default_rng(0).standard_normal(hf_shape(path, ours_shape)).astype(np.float32)
+    if module in ("q_proj", "k_proj"):
+        whole = hf.T.reshape(e, ours_shape[1], d)
+    elif module == "o_proj":
+        whole = hf.T.reshape(h, d, e)
+    elif module.endswith("proj"):
+        whole = hf.T
+    else:
+        whole = hf
+    save_file({"t": hf}, tmp_path / "t.safetensors")
+    rng = np.random.default_rng(1)
+    with safe_open(tmp_path / "t.safetensors", framework="numpy") as file:
+        source = file.get_slice("t")
+        for _ in range(12):
+            index = []
+            for n in ours_shape:
+                a = int(rng.integers(0, n))
+                index.append(slice(None) if rng.random() < 0.3 else slice(a, int(rng.integers(a + 1, n + 1))))
+            index = tuple(index)
+            np.testing.assert_array_equal(read_our_slice(path, source, index, ours_shape, config), whole[index])
 
 
 def test_bf16_load(tmp_path):

@@ -89,6 +89,7 @@ def test_cpu_plan_of_the_testbed_and_bad_sizes(capsys):
     reports = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["name"] for r in reports] == ["train", "apply"]
     assert all(r["platform"] == "cpu" and r["chip"] == "h200" and r["fits"] for r in reports)
-    assert reports[0]["per"] == "micro-batch 32 x 320 tokens" and reports[0]["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
+    longest = load_config("configs/sgs.py:testbed").sampling.solver_max_total_len  # the Solver's longest bucket
+    assert reports[0]["per"] == f"micro-batch 32 x {longest} tokens" and reports[0]["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
     assert plan_cli.main(args[:4] + ["--programs", "train", "--micro-batch", "12"]) == 2
     assert "micro_batch_size=12 rows" in capsys.readouterr().err

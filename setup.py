@@ -24,7 +24,7 @@ setup(
         "transformers>=4.50,<6",
         "tokenizers>=0.21,<0.24",
         "jinja2>=3.1",  # chat templates (transformers needs it and does not declare it)
-        "safetensors>=0.4",
+        "safetensors>=0.8,<1",  # safe_open(framework="numpy") with bfloat16 (ml_dtypes), get_slice
         "numpy>=1.26",
         "scipy>=1.11",
         "tensorboard>=2.15",

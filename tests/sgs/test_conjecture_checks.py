@@ -55,7 +55,7 @@ class ScriptedSampler:
             else "  exact bogus"
         return f"```lean4\n{statement}\n{proof}\n```"
 
-    def generate(self, model, prompts, params, tokenizer=None):
+    def generate(self, model, prompts, params, tokenizer=None, progress=None, **_):  # the Sampler.generate protocol
         out = []
         for index, prompt in enumerate(prompts):
             text = self.tokenizer.decode(prompt)
@@ -118,11 +118,25 @@ def test_statement_check_drops_ill_formed_conjectures(tmp_path, random_checkpoin
     assert checked[M.CONJECTURE_CONCLUSION_IN_PREMISES_FRACTION] == 0.0
 
 
+def _calibrated_targets(tmp_path) -> str:
+    """Six statements of today's generator in the target builder's file format (`band` from
+    the difficulty; every other target `hard`, standing in for the base model's calibration):
+    a target file with a hard split, built without a model."""
+    from sgs_jax.testbed.generator import DEFAULT_MIX, generate, to_d3k_json
+
+    items = generate(DEFAULT_MIX, 6, seed=3, prefix="prop", disjunctive_fraction=0.0)  # the ScriptedSampler reads prop_N
+    data = to_d3k_json(items, extra=[{"base_solve_rate": 0.0 if i % 2 else 0.5, "hard": i % 2 == 1} for i in range(6)])
+    path = tmp_path / "calibrated_targets.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
 def test_split_and_baseline_metrics(tmp_path, random_checkpoints):
-    first, last, _ = _one_iteration(tmp_path, random_checkpoints, "no_guide", "--config.guide.shadow_score=false")
+    targets = ["--config.targets.source=file", f"--config.targets.path={_calibrated_targets(tmp_path)}"]
+    first, last, _ = _one_iteration(tmp_path, random_checkpoints, "no_guide", "--config.guide.shadow_score=false", *targets)
     from sgs_jax.sgs.bootstrap import load_target_set
 
-    cfg = load_config(os.path.join(ROOT, "configs/no_guide.py:testbed"), small_run_overrides(random_checkpoints, tmp_path))
+    cfg = load_config(os.path.join(ROOT, "configs/no_guide.py:testbed"), small_run_overrides(random_checkpoints, tmp_path) + targets)
     groups = load_target_set(cfg).groups()
     assert "hard" in groups and any(g.startswith("band/") for g in groups)
     for group in groups:

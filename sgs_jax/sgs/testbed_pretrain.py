@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
+import os
 import pathlib
 import random
+import shutil
 import tempfile
 import time
 
@@ -105,13 +108,32 @@ def epoch_learning_rates(lr: float, epochs: int) -> list[float]:
     return [lr] * (epochs - len(decay)) + decay
 
 
-def train_stage(model, rows: list[dict], tokenizer, settings: PretrainSettings, lr: float, epochs: int, seed: int):
-    """Supervised epochs over `rows` with the step-decayed learning rate; returns the model."""
+def train_stage(model, rows: list[dict], tokenizer, settings: PretrainSettings, lr: float, epochs: int, seed: int,
+                epochs_dir: pathlib.Path | None = None):
+    """Supervised epochs over `rows` with the step-decayed learning rate; returns the model.
+
+    With `epochs_dir`, the model after each epoch is saved there (fp32, `epoch_N`) and a
+    restarted stage continues after the newest saved epoch: each epoch starts a fresh
+    optimiser with its own seed, so the result equals an uninterrupted stage's."""
+    done = 0
+    if epochs_dir is not None and epochs_dir.is_dir():
+        saved = sorted(int(p.name.split("_")[1]) for p in epochs_dir.glob("epoch_*") if (p / "config.json").exists())
+        if saved:
+            done = min(saved[-1], epochs)
+            model = load_hf(epochs_dir / f"epoch_{done}", dtype=jnp.float32)
+            log.info("resumed after epoch %d/%d from %s", done, epochs, epochs_dir)
     for epoch, epoch_lr in enumerate(epoch_learning_rates(lr, epochs)):
+        if epoch < done:
+            continue
         start = time.perf_counter()
         model = fine_tune(model, rows, tokenizer, learning_rate=epoch_lr, batch_size=settings.batch_size,
                           micro_batch_size=settings.micro_batch_size, max_seq_len=settings.max_len, seed=seed + 1000 * epoch)
         log.info("epoch %d/%d (lr %.1e, %d rows): %.0fs", epoch + 1, epochs, epoch_lr, len(rows), time.perf_counter() - start)
+        if epochs_dir is not None:
+            tmp = epochs_dir / f".epoch_{epoch + 1}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_hf(model, tmp)
+            os.replace(tmp, epochs_dir / f"epoch_{epoch + 1}")  # only whole epochs count
     return model
 
 
@@ -128,15 +150,22 @@ def pretrain(settings: PretrainSettings, out: pathlib.Path) -> dict[str, int]:
     rows = warmstart_rows(testbed_templates(), tokenizer, settings.max_len, settings.records, settings.guide_rows)
     log.info("rows: %s", {role: len(r) for role, r in rows.items()})
     config = ModelConfig.from_hf_dict(llama_config(settings.size, max_position_embeddings=4 * settings.max_len))
+    # Saved epochs of an interrupted build with these exact settings (a build takes hours on
+    # 2 cores): `out/.pretrain_epochs/<settings digest>/<stage>/epoch_N`, removed at the end.
+    digest = hashlib.sha256(json.dumps(dataclasses.asdict(settings), sort_keys=True).encode()).hexdigest()[:12]
+    epochs_root = out / ".pretrain_epochs" / digest
+    for stage in ("base", "guide"):
+        (epochs_root / stage).mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     base = create_model(config, seed=settings.seed)
     base = train_stage(base, rows["solver"] + rows["conjecturer"], tokenizer, settings, settings.lr,
-                       settings.base_epochs, settings.seed)
+                       settings.base_epochs, settings.seed, epochs_root / "base")
     save_bfloat16(base, out / "base", tokenizer)
     log.info("base trained in %.0fs", time.perf_counter() - start)
     guide = train_stage(copy_model(base), rows["guide"], tokenizer, settings, settings.guide_lr,
-                        settings.guide_epochs, settings.seed + 1)
+                        settings.guide_epochs, settings.seed + 1, epochs_root / "guide")
     save_bfloat16(guide, out / "guide", tokenizer)
+    shutil.rmtree(out / ".pretrain_epochs", ignore_errors=True)
     return {role: len(r) for role, r in rows.items()}
 
 

@@ -21,8 +21,11 @@ def testbed(c: ConfigDict) -> None:
     # The packaged stand-ins for the prover and the Guide (python -m sgs_jax.sgs.testbed_pretrain).
     c.model.checkpoint = str(MODELS_DIR / "base")
     c.model.guide_checkpoint = str(MODELS_DIR / "guide")
-    c.sampling.solver_max_total_len = 512  # the longest packaged target's proof fits (sgs_jax/sgs/testbed_targets.py)
-    c.sampling.conjecturer_max_new_tokens = 128
+    # The caps of the packaged (nano) models and targets. The calibrated target set and the
+    # `small` models that `testbed_targets` / `testbed_pretrain` build take 512 and 128
+    # (testbed_targets.SOLVER_MAX_TOTAL_LEN); they change together with those files.
+    c.sampling.solver_max_total_len = 320
+    c.sampling.conjecturer_max_new_tokens = 96
     c.sampling.guide_max_new_tokens = 128
     c.sampling.max_batch = 128
     c.verify.backend = "prop"

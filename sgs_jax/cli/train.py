@@ -16,8 +16,13 @@ differing field, unless the change is allowed, e.g. to extend a run:
 
   sgs-train --config configs/sgs.py:testbed --config.run.iterations=20 --allow-config-change run.iterations
 
+Multi-host: the same command on every host; on a TPU VM pod or under SLURM JAX finds the
+other processes itself, elsewhere pass --coordinator HOST:PORT --num-processes N
+--process-id I (docs/multihost.md; launch/ has the launchers).
+
 Exit status: 0 done, 1 a run error (disk full, diverged weights, no restorable
-checkpoint, verifier unavailable; one line on stderr), 2 a bad or changed config (nothing created on disk),
+checkpoint, verifier unavailable; one line on stderr), 2 a bad or changed config or a
+half-set multi-process launch (nothing created on disk),
 128 + N stopped by signal N (SIGTERM 143, SIGINT 130), after saying where it will resume.
 """
 

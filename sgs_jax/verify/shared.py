@@ -11,6 +11,10 @@ backend's timing. Verdicts travel through an exchange of byte strings (the distr
 runtime's key-value store: `parallel.distributed.KeyValueExchange`), not device
 collectives, so waiting happens on a worker thread while the devices keep sampling.
 
+Each published verdict carries a digest of its request; a process whose n-th request differs
+from the owner's (the processes' loops have diverged) gets an error naming both, never a
+verdict for another proof.
+
 `record`, when given, is called with (request, verdict) for every verdict this process
 learns from another, so the verdict cache sees every verdict of the job (process 0 keeps
 the job's cache file; see `sgs.run`).
@@ -19,6 +23,7 @@ the job's cache file; see `sgs.run`).
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import logging
 import queue
@@ -101,31 +106,32 @@ class ShardedVerifier(Verifier):
             n = self._next
             self._next += 1
         key = f"{self.namespace}/{n}"
+        digest = _digest(request)
         if n % self.process_count == self.process_index:
             with self._lock:
                 self._owned += 1
             try:
                 future = check()
             except VerifierUnavailable as err:
-                self._publish(key, {"unavailable": str(err)})
+                self._publish(key, digest, {"unavailable": str(err)})
                 raise
-            future.add_done_callback(lambda f: self._publish_result(key, f))
+            future.add_done_callback(lambda f: self._publish_result(key, digest, f))
             return future
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._waiting.put((key, request if record else None, future))
+        self._waiting.put((key, digest, request if record else None, future))
         return future
 
-    def _publish_result(self, key: str, future: concurrent.futures.Future) -> None:
+    def _publish_result(self, key: str, digest: str, future: concurrent.futures.Future) -> None:
         err = future.exception()
         if err is None:
-            self._publish(key, {"result": future.result().to_json()})
+            self._publish(key, digest, {"result": future.result().to_json()})
         elif isinstance(err, VerifierUnavailable):
-            self._publish(key, {"unavailable": str(err)})
+            self._publish(key, digest, {"unavailable": str(err)})
         else:  # a backend bug: the others must not wait for ever
-            self._publish(key, {"error": f"{type(err).__name__}: {err}"})
+            self._publish(key, digest, {"error": f"{type(err).__name__}: {err}"})
 
-    def _publish(self, key: str, payload: dict) -> None:
-        self.exchange.put(key, json.dumps(payload).encode())
+    def _publish(self, key: str, digest: str, payload: dict) -> None:
+        self.exchange.put(key, json.dumps({**payload, "request": digest}).encode())
         with self._lock:
             self._published.append(key)
 
@@ -134,7 +140,7 @@ class ShardedVerifier(Verifier):
         its finishing order; waiting in order still takes each as soon as it is due)."""
         while not self._closed.is_set():
             try:
-                key, request, future = self._waiting.get(timeout=1.0)
+                key, digest, request, future = self._waiting.get(timeout=1.0)
             except queue.Empty:
                 continue
             value = None
@@ -144,7 +150,12 @@ class ShardedVerifier(Verifier):
                 future.set_exception(VerifierUnavailable(f"closed while waiting for verdict {key}"))
                 continue
             payload = json.loads(value)
-            if "result" in payload:
+            if payload["request"] != digest:
+                owner = int(key.rsplit("/", 1)[1]) % self.process_count
+                future.set_exception(RuntimeError(
+                    f"verification request {key} differs between this process ({self.process_index}) and its owner "
+                    f"({owner}): the processes' loops have diverged"))
+            elif "result" in payload:
                 result = VerifyResult.from_json(payload["result"])
                 if request is not None and self.record is not None:
                     self.record(request, result)
@@ -153,3 +164,8 @@ class ShardedVerifier(Verifier):
                 future.set_exception(VerifierUnavailable(payload["unavailable"]))
             else:
                 future.set_exception(RuntimeError(f"verdict {key} failed on its owner: {payload['error']}"))
+
+
+def _digest(request: VerifyRequest) -> str:
+    """A short digest of a request's (header, statement, proof)."""
+    return hashlib.sha256(json.dumps(request.key()).encode()).hexdigest()[:16]

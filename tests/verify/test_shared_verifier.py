@@ -105,3 +105,16 @@ def test_an_unavailable_backend_stops_every_process():
     finally:
         for v in verifiers:
             v.close()
+
+
+def test_diverged_processes_get_an_error_not_another_proofs_verdict():
+    _, verifiers, _ = _job(2)
+    try:
+        a = verifiers[0].submit(VerifyRequest("", "theorem t : True := by", "  ok 0"))
+        b = verifiers[1].submit(VerifyRequest("", "theorem t : True := by", "  ok but another proof"))
+        assert a.result(timeout=10).verified
+        with pytest.raises(RuntimeError, match="differs between this process \\(1\\) and its owner \\(0\\)"):
+            b.result(timeout=10)
+    finally:
+        for v in verifiers:
+            v.close()

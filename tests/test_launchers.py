@@ -68,11 +68,13 @@ def test_tpu_pod_refuses_missing_arguments():
 
 def test_slurm_dry_run():
     result = _bash(LAUNCH / "slurm_gpu.sbatch", "--dry-run", "configs/sgs.py:paper", "--config.run.workdir=/shared/r",
-                   env={"SGS_VENV": "/opt/venv"})
+                   env={"SGS_VENV": "/opt/venv", "SLURM_GPUS_ON_NODE": "4", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "python3 -m venv /opt/venv ",
         "/opt/venv/bin/pip install -q -e . jax\\[cuda12\\] ",
+        # one process per node sees all the node's GPUs (JAX's SLURM default is one per task)
+        "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 JAX_LOCAL_DEVICE_IDS=0,1,2,3",
         "srun --kill-on-bad-exit=1 --ntasks-per-node=1 /opt/venv/bin/python -m sgs_jax.cli.train "
         "--config configs/sgs.py:paper --config.run.workdir=/shared/r ",
     ]

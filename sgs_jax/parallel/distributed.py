@@ -43,7 +43,6 @@ ENV_NUM_PROCESSES = "SGS_NUM_PROCESSES"  # (--num-processes)
 ENV_PROCESS_ID = "SGS_PROCESS_ID"  # (--process-id)
 # Launch environments whose cluster JAX detects by itself.
 _TPU_HINTS = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS")
-_ENV_HINTS = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID, "SLURM_NTASKS", *_TPU_HINTS)
 
 
 class DistributedSetupError(ValueError):

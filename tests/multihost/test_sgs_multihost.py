@@ -9,7 +9,9 @@ The testbed `sgs` config with the small-run overrides and the packaged base and 
     gradient all-reduce over Gloo between processes sums in another order than XLA's
     in-process one (measured: ~1e-7 relative);
   - targets_state.json and examples.jsonl exactly, the verdict cache's entries exactly;
-  - the final Solver and Conjecturer weights within 1e-5 (same reason).
+  - the final Solver and Conjecturer weights within 1e-5 (same reason), and the Solver's
+    Hugging Face export after iteration 2 (`run.export_every`: every process gathers,
+    process 0 writes) likewise.
 The restarted run is compared with the uninterrupted 2-process run: same topology, so
 everything but the timings must be exactly equal.
 Each run is ~40-70 s on 2 CPU cores: slow-marked (the default suite has
@@ -17,7 +19,6 @@ tests/multihost/test_pieces.py's 2-process check).
 """
 
 import json
-import os
 import subprocess
 import sys
 
@@ -42,7 +43,8 @@ TRAINER_FLOATS = set(_APPLY_METRICS) | set(_METRIC_WEIGHT)
 
 def _flags(workdir, cache, iterations=2):
     return [*small_run_overrides(MODELS_DIR, workdir), "--config.sgs.proofs_per_problem=4",
-            f"--config.run.iterations={iterations}", f"--config.run.compile_cache_dir={cache}", "--progress=off"]
+            f"--config.run.iterations={iterations}", f"--config.run.compile_cache_dir={cache}", "--config.run.export_every=2",
+            "--progress=off"]
 
 
 def _train_argv(workdir, cache, iterations=2):
@@ -108,6 +110,18 @@ def _final_weights(workdir, cache):
         run.close()
 
 
+def _export(workdir):
+    """The Solver's exported tensors after iteration 2 ({name: array})."""
+    from safetensors.numpy import load_file
+
+    export = workdir / "exports" / "solver_iteration_2"
+    assert (export / "sgs_export.json").exists()
+    tensors = {}
+    for path in sorted(export.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
+
+
 def test_two_processes_equal_one(runs):
     single, double, cache = runs
     differing = _compare_metrics(single, double, exact=False)
@@ -119,6 +133,10 @@ def test_two_processes_equal_one(runs):
         worst = max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(w1[role]), jax.tree_util.tree_leaves(w2[role])))
         print(f"{role}: largest weight difference {worst:.2e}")
         assert worst <= 1e-5, role
+    e1, e2 = _export(single), _export(double)
+    assert e1.keys() == e2.keys()
+    for name in e1:
+        np.testing.assert_allclose(e1[name], e2[name], rtol=0, atol=1e-5, err_msg=name)
 
 
 def test_killed_process_then_restart_of_all_resumes_exactly(runs, tmp_path):
@@ -141,3 +159,6 @@ def test_killed_process_then_restart_of_all_resumes_exactly(runs, tmp_path):
     for role in w_double:
         for x, y in zip(jax.tree_util.tree_leaves(w_double[role]), jax.tree_util.tree_leaves(w_resumed[role])):
             np.testing.assert_array_equal(x, y)
+    e_double, e_resumed = _export(double), _export(workdir)
+    for name in e_double:
+        np.testing.assert_array_equal(e_double[name], e_resumed[name], err_msg=name)

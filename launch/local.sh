@@ -22,7 +22,7 @@ install() {
     touch "$stamp"
   fi
 }
-test_extras=test
+test_extras="test"
 if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then test_extras=test,tpu; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 cmd=${1:-sgs}

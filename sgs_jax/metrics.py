@@ -263,3 +263,26 @@ class MetricsWriter:
         self._closed = True
         self._jsonl.close()
         self._events.close()
+
+
+class DiscardingWriter:
+    """`MetricsWriter`'s interface, writing nothing: what the processes of a multi-host job
+    other than process 0 (the one writer, `parallel.distributed.is_writer`) hold."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = pathlib.Path(run_dir)
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        pass
+
+    def write_histogram(self, step: int, name: str, values: Sequence[float] | np.ndarray) -> None:
+        pass
+
+    def write_hparams(self, hparams: Mapping[str, bool | int | float | str], metrics: Sequence[str] = HPARAMS_METRICS) -> None:
+        pass
+
+    def write_text(self, step: int, texts: Mapping[str, str]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

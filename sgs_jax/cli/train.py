@@ -16,8 +16,13 @@ differing field, unless the change is allowed, e.g. to extend a run:
 
   sgs-train --config configs/sgs.py:testbed --config.run.iterations=20 --allow-config-change run.iterations
 
+Multi-host: the same command on every host; on a TPU VM pod or under SLURM JAX finds the
+other processes itself, elsewhere pass --coordinator HOST:PORT --num-processes N
+--process-id I (docs/multihost.md; launch/ has the launchers).
+
 Exit status: 0 done, 1 a run error (disk full, diverged weights, no restorable
-checkpoint, verifier unavailable; one line on stderr), 2 a bad or changed config (nothing created on disk),
+checkpoint, verifier unavailable; one line on stderr), 2 a bad or changed config or a
+half-set multi-process launch (nothing created on disk),
 128 + N stopped by signal N (SIGTERM 143, SIGINT 130), after saying where it will resume.
 """
 
@@ -42,9 +47,13 @@ def define_flags(flag_values: flags.FlagValues) -> None:
                         flag_values=flag_values)
     flags.DEFINE_enum("progress", "auto", MODES, "phase bars (bar), plain lines (lines), nothing (off), or auto: "
                       "bars on a terminal, lines otherwise", flag_values=flag_values)
-    flags.DEFINE_string("coordinator", None, "multi-process: coordinator address host:port", flag_values=flag_values)
-    flags.DEFINE_integer("num-processes", None, "multi-process: number of processes", flag_values=flag_values)
-    flags.DEFINE_integer("process-id", None, "multi-process: this process's index", flag_values=flag_values)
+    flags.DEFINE_string("coordinator", None, "multi-process: process 0's coordinator address host:port (else "
+                        "$JAX_COORDINATOR_ADDRESS; none of the three on a TPU VM pod or under SLURM: detected)",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("num-processes", None, "multi-process: number of processes (else $SGS_NUM_PROCESSES)",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("process-id", None, "multi-process: this process's index, 0-based (else $SGS_PROCESS_ID)",
+                         flag_values=flag_values)
     flags.DEFINE_string("log-level", "WARNING", "Python logging level", flag_values=flag_values)
     flags.DEFINE_boolean("help", False, "show this help and exit", short_name="h", flag_values=flag_values)
 
@@ -75,9 +84,15 @@ def main(argv=None) -> int:
         return _fail(str(err), 2)
     logging.basicConfig(level=fv["log-level"].value.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     allow = [f.strip() for f in fv["allow-config-change"].value.split(",") if f.strip()]
-    from sgs_jax.parallel import maybe_initialize_distributed
+    from sgs_jax.parallel.distributed import DistributedSetupError, initialize_from_environment
 
-    maybe_initialize_distributed(fv["coordinator"].value, fv["num-processes"].value, fv["process-id"].value)
+    try:
+        initialize_from_environment(fv["coordinator"].value, fv["num-processes"].value, fv["process-id"].value)
+    except DistributedSetupError as err:
+        return _fail(str(err), 2)
+    import jax
+
+    writer = jax.process_index() == 0  # the others run silently (docs/multihost.md)
     from sgs_jax.checkpoint import CheckpointRestoreError, NonFiniteWeightsError, storage_errno
     from sgs_jax.sgs.run import SGSRun
     from sgs_jax.sgs.stopping import GracefulStop, StopRequested
@@ -85,7 +100,7 @@ def main(argv=None) -> int:
 
     print(f"[sgs] {cfg.experiment}: run directory {cfg.run.workdir}", flush=True)
     run = None
-    progress = RunProgress(fv["progress"].value)
+    progress = RunProgress(fv["progress"].value if writer else "off")
     resume_hint = "rerun the same command to resume"
     stop = GracefulStop(where=lambda: run.resume_point() if run is not None else resume_hint, prog=PROG)
     with stop:
@@ -113,7 +128,8 @@ def main(argv=None) -> int:
             if run is not None:
                 run.close()
             progress.close()
-    print(json.dumps(summary, indent=2))
+    if writer:
+        print(json.dumps(summary, indent=2))
     return 0
 
 

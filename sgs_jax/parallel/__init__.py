@@ -1,6 +1,6 @@
 """Mesh construction, logical-axis sharding rules and multi-host set-up."""
 
-from sgs_jax.parallel.distributed import maybe_initialize_distributed
+from sgs_jax.parallel.distributed import initialize_from_environment
 from sgs_jax.parallel.mesh import MESH_AXES, make_mesh, mesh_from_config, resolve_mesh_shape
 from sgs_jax.parallel.rules import (
     INFERENCE_RULES,
@@ -21,10 +21,10 @@ __all__ = [
     "RULES",
     "activation_sharding",
     "constrain",
+    "initialize_from_environment",
     "layout_rules",
     "logical_to_spec",
     "make_mesh",
-    "maybe_initialize_distributed",
     "mesh_from_config",
     "named_sharding",
     "resolve_mesh_shape",

@@ -9,7 +9,9 @@ update per batch of `SequenceExample`s:
 
 Both jitted functions take the `nnx.split` state as a pytree with explicit in/out
 shardings (parameters by the logical-axis rules, micro-batch rows over (data, fsdp)) and
-donate what they replace. Because every row carries its share of the batch normaliser,
+donate what they replace. Micro-batches enter as global arrays of which each process
+places only its own rows (`parallel.global_arrays.to_global`), so the same code runs on
+one host and on many. Because every row carries its share of the batch normaliser,
 summing micro-batch gradients gives exactly the gradient of the whole batch's loss; each
 bucket length compiles once. Remat follows the model config (`remat_policy`).
 
@@ -34,6 +36,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sgs_jax.parallel import activation_sharding, make_mesh, named_sharding, state_shardings
+from sgs_jax.parallel.global_arrays import host_read, to_global
 from sgs_jax.parallel.placement import DEVICE, HOST, cast_and_shard, to_memory
 from sgs_jax.parallel.rules import batch_spec, check_batch
 from sgs_jax.rl import objectives
@@ -361,10 +364,11 @@ class Trainer:
         self.to_device()
         acc = self.programs.zero_acc(self.params)
         for batch in batches:
-            acc = self.programs.accumulate(self.params, acc, batch)
+            # Every process builds the same micro-batch and places only the rows it owns.
+            acc = self.programs.accumulate(self.params, acc, to_global(batch, self.programs.batch_shardings))
         self.params, self.opt_state, sums = self.programs.apply(self.params, self.opt_state, acc)
         nnx.update(self.model, self.params)
-        metrics = _finish_metrics({k: float(v) for k, v in jax.device_get(sums).items()})
+        metrics = _finish_metrics({k: float(v) for k, v in host_read(sums).items()})
         metrics["num_micro_batches"] = float(len(batches))
         metrics["padding_fraction"] = padding_fraction(batches)
         metrics["tokens"] = float(sum(int(np.sum(b.attention_mask)) for b in batches))

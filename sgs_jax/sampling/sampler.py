@@ -22,11 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sgs_jax.models.build import abstract_model
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.tokenizer import decode
+from sgs_jax.parallel.global_arrays import host_read, to_global
 from sgs_jax.parallel.rules import activation_sharding, batch_shards, check_batch, path_names, state_shardings
 from sgs_jax.sampling import programs
 from sgs_jax.sampling.distribution import row_keys
@@ -204,7 +205,8 @@ class Sampler:
                 weights, state, *sampling_args, jnp.int32(sched.exit_threshold()),
                 greedy=params.greedy, filtered=params.filtered, chunk_steps=self.chunk_steps, window=window,
             )
-            out, generated, done, steps = jax.device_get((out, state.generated, state.done, steps))
+            # One read-back per chunk; on several hosts it gathers the slots of the others.
+            out, generated, done, steps = host_read((out, state.generated, state.done, steps))
             seen = len(sched.finished)
             counters["generated_tokens"] += sched.absorb(out.tokens, out.logprobs, out.entropies, generated, done)
             for fin in sched.finished[seen:]:
@@ -338,6 +340,11 @@ class Sampler:
                 rng[slot] = keys[index]
         counters["prefill_tokens"] += batch * bucket
         counters["prefill_real_tokens"] += sum(len(x) for x in prefixes)
+        if self.mesh is not None:  # global arrays: each process places only its own slots' rows
+            whole = NamedSharding(self.mesh, PartitionSpec())
+            slots, rng_rows = state.pending.sharding, state.rng.sharding
+            ids, mask, source, refill, pending, limit, rng = to_global(
+                (ids, mask, source, refill, pending, limit, rng), (whole, whole, slots, slots, slots, slots, rng_rows))
         return self._insert(weights, state, ids, mask, source, refill, pending, limit, rng)
 
 

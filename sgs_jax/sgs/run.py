@@ -12,6 +12,13 @@ TensorBoard events (scalars, histograms, the config as hparams, the examples as 
 and, with `run.export_every`, `exports/solver_iteration_N/` (Hugging Face checkpoints).
 Iteration N everywhere means "after N completed iterations" (the metrics' step).
 
+On several processes (a multi-host job, docs/multihost.md) every process runs this same
+loop over the same data and so makes the same decisions; the devices hold their shards,
+verification is split over the processes (`verify.shared`), and process 0 alone writes the
+run directory's files (metrics, TensorBoard, examples, targets_state.json, config records,
+the verdict cache, exports' metadata) while every process takes part in each checkpoint.
+Each commit checks that the processes still agree on the loop state.
+
 A run stopped at any point (killed, out of disk, a damaged newest checkpoint) resumes from
 its last good checkpoint with the same command and ends as the uninterrupted run would:
 the checkpoint is the state of record, and at start-up every other file is made to agree
@@ -37,6 +44,7 @@ from sgs_jax.checkpoint import RunCheckpointer
 from sgs_jax.config import ConfigError, check_resume, config_hparams, record_config, validate
 from sgs_jax.faults import fault_point
 from sgs_jax.parallel import make_mesh
+from sgs_jax.parallel.distributed import KeyValueExchange, check_agreement, is_writer, sync
 from sgs_jax.parallel.compile_cache import compile_cache_dir, enable_compilation_cache
 from sgs_jax.parallel.rules import log_replicated_parameters
 from sgs_jax.sampling import Sampler
@@ -50,6 +58,7 @@ from sgs_jax.sgs.saved_roles import export_record, write_export
 from sgs_jax.sgs.stopping import GracefulStop
 from sgs_jax.verify import make_backend
 from sgs_jax.verify.cache import CachingVerifier, ResultCache
+from sgs_jax.verify.shared import ShardedVerifier
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +87,9 @@ class SGSRun:
         self.progress = progress
         validate(cfg)
         self.workdir = os.path.abspath(cfg.run.workdir)
+        self.writer = is_writer()
         config_changes = check_resume(self.workdir, cfg, allow_config_change)
+        sync("sgs-config-checked")  # every process has read the recorded config before process 0 writes
         self.iteration = 0  # iterations completed (in memory)
         self._total = cfg.run.iterations
         self._in_iteration = False
@@ -108,9 +119,9 @@ class SGSRun:
 
         os.makedirs(self.workdir, exist_ok=True)
         enable_compilation_cache(compile_cache_dir(cfg.run.compile_cache_dir, self.workdir))
-        record_config(cfg, self.workdir)  # a new run's record; an existing one is never overwritten here
-        if cfg.verify.cache:
-            self.verifier = CachingVerifier(self.verifier, ResultCache(os.path.join(self.workdir, CACHE_NAME)))
+        if self.writer:
+            record_config(cfg, self.workdir)  # a new run's record; an existing one is never overwritten here
+        self.verifier = self._verifier(self.verifier)
         self.checkpointer = RunCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.run.keep_checkpoints)
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
         log_replicated_parameters(nnx.state(base), self.mesh, log)
@@ -124,10 +135,29 @@ class SGSRun:
             record_config(cfg, self.workdir, config_changes, from_iteration=self.iteration)
         if resumed:
             print(f"[sgs] resumed from iteration {self.iteration} of {cfg.run.iterations} ({self.workdir})", flush=True)
+            sync("sgs-export-check")  # all look before process 0 could start writing one
             if self._export_due() and not os.path.isdir(self._export_path()):
                 self._export()  # killed after the checkpoint, before (or during) the export
         else:
             self._log_baseline()
+
+    def _verifier(self, backend):
+        """The run's verifier over `backend`: the verdict cache (its file kept by process 0;
+        the others load it and keep theirs in memory) and, on several processes, the split
+        of the checking (each process its share, verdicts shared by all)."""
+        cache = None
+        if self.cfg.verify.cache:
+            path = os.path.join(self.workdir, CACHE_NAME)
+            if self.writer:
+                cache = ResultCache(path)  # repairs a torn tail before the others read it
+            sync("sgs-verdict-cache")
+            if not self.writer:
+                cache = ResultCache(path, writable=False)
+            backend = CachingVerifier(backend, cache)
+        if jax.process_count() == 1:
+            return backend
+        record = (lambda request, result: cache.put(request.key(), result)) if cache is not None else None
+        return ShardedVerifier(backend, KeyValueExchange(), jax.process_index(), jax.process_count(), record=record)
 
     # ---- state --------------------------------------------------------------------------
     def _trees(self) -> dict[str, Any]:
@@ -156,6 +186,7 @@ class SGSRun:
         if restored is None:
             return False
         step, trees, meta = restored
+        check_agreement(step, "the restored checkpoint step")
         for name, trainer in self.roles.trainable().items():
             trainer.params = trees[name]
             nnx.update(trainer.model, trainer.params)
@@ -175,6 +206,9 @@ class SGSRun:
         targets_state.json is rewritten from the checkpoint (a kill may have come between
         the checkpoint and its write)."""
         last = self.iteration if resumed else -1
+        if not self.writer:
+            self.metrics = M.DiscardingWriter(self.workdir)
+            return
         self.metrics = M.MetricsWriter(self.workdir, truncate_after=last)
         self.metrics.write_hparams(config_hparams(self.cfg))
         examples = os.path.join(self.workdir, EXAMPLES_NAME)
@@ -196,7 +230,8 @@ class SGSRun:
         self.checkpointed = self.iteration
         path = os.path.join(self.workdir, TARGETS_STATE_NAME)
         fault_point("side_files", path)
-        self.target_set.save(path)
+        if self.writer:
+            self.target_set.save(path)
 
     def _log_baseline(self) -> None:
         """Step 0: the targets' own statement statistics, the starting cumulative solve
@@ -262,6 +297,8 @@ class SGSRun:
         """The end of iteration `it` (`seconds` long, `compile_seconds` of it compiling):
         counters, logs, then (when due) the checkpoint and the export."""
         self.iteration += 1
+        if jax.process_count() > 1:  # (the state's JSON is only built where it is compared)
+            check_agreement(self._meta(), f"the loop state after iteration {self.iteration}")
         new_generations = int(result.pop("iteration/generations"))
         self.generations += new_generations
         self.tokens += int(result.pop("iteration/tokens"))
@@ -283,6 +320,9 @@ class SGSRun:
             self._save()
         if self._export_due():
             self._export()
+        if isinstance(self.verifier, ShardedVerifier):
+            sync(f"sgs-verdicts-taken-{self.iteration}")  # every process has every verdict so far
+            self.verifier.release()
         log.info(
             "iteration %d: cumulative solve rate %.3f, generations %d, %.1fs",
             self.iteration, scalars[M.CUMULATIVE_SOLVE_RATE], self.generations, seconds,

@@ -30,26 +30,31 @@ class ResultCache:
     path: JSONL file, one `{"key": [header, statement, proof], "result": {...}}` per line;
       loaded at construction (a torn last line from a killed run is cut off) and
       appended to on every `put`.
+    writable: False loads `path` and leaves it as it is (no repair, no appends): the
+      processes of a multi-host job other than the writer (process 0) keep their cache in
+      memory only.
     """
 
-    def __init__(self, path: str | os.PathLike | None = None):
-        self.path = os.fspath(path) if path is not None else None
+    def __init__(self, path: str | os.PathLike | None = None, writable: bool = True):
+        path = os.fspath(path) if path is not None else None
         self._lock = threading.Lock()
         self._results: dict[Key, VerifyResult] = {}
         self._file: jsonl.Appender | None = None
-        if self.path and os.path.exists(self.path):
-            self._load()
+        if path and os.path.exists(path):
+            self._load(path, repair=writable)
+        self.path = path if writable else None
 
-    def _load(self) -> None:
-        jsonl.repair_tail(self.path)
-        rows, bad = jsonl.read_records(self.path)
+    def _load(self, path: str, repair: bool) -> None:
+        if repair:
+            jsonl.repair_tail(path)
+        rows, bad = jsonl.read_records(path)
         for row in rows:
             try:
                 self._results[tuple(row["key"])] = VerifyResult.from_json(row["result"])
             except (KeyError, TypeError, ValueError):
                 bad += 1
         if bad:
-            log.warning("verdict cache %s: skipped %d unreadable lines", self.path, bad)
+            log.warning("verdict cache %s: skipped %d unreadable lines", path, bad)
 
     def get(self, key: Key) -> VerifyResult | None:
         with self._lock:

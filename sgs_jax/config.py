@@ -32,6 +32,7 @@ _CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat_policy": ("none", "full", "dots"),
+    "model.attention": ("auto", "xla", "cudnn", "splash"),
     "sgs.solver_objective": ("reinforce_half", "cispo", "expert_iteration"),
     "solver_train.normalization": ("batch_tokens", "sequence"),
     "conjecturer_train.normalization": ("batch_tokens", "sequence"),

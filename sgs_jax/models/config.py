@@ -1,9 +1,9 @@
 """Model configuration of the LLaMA-family decoder, built from a Hugging Face `config.json`.
 
 `ModelConfig` holds the architecture (what a checkpoint fixes) and the run-time numerics
-(dtypes, rematerialisation: what a run chooses). It reads both the older `config.json`
-layout (`rope_theta` and `rope_scaling` at top level, as the DeepSeek checkpoints have) and
-the current one (`rope_parameters`), and writes the current one.
+(dtypes, rematerialisation, attention backend: what a run chooses). It reads both the
+older `config.json` layout (`rope_theta` and `rope_scaling` at top level, as the DeepSeek
+checkpoints have) and the current one (`rope_parameters`), and writes the current one.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 # The RoPE scaling types Hugging Face defines for Llama, besides plain RoPE ("default").
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 REMAT_POLICIES = ("none", "full", "dots")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -47,7 +48,8 @@ class ModelConfig:
     # Run-time numerics, not part of the checkpoint.
     dtype: str = "float32"  # activations / matmul compute
     param_dtype: str = "float32"  # stored parameters
-    remat_policy: str = "none"  # per-layer rematerialisation: none | full | dots
+    remat_policy: str = "none"  # per-layer rematerialisation in training: none | full | dots
+    attention: str = "auto"  # attention backend (sgs_jax.models.attention): auto | xla | cudnn | splash
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -61,6 +63,8 @@ class ModelConfig:
             raise ValueError(f"unsupported rope type {self.rope_type!r}; supported: {ROPE_TYPES}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
@@ -106,7 +110,7 @@ class ModelConfig:
     def from_hf_dict(cls, hf: Mapping[str, Any], **runtime: Any) -> "ModelConfig":
         """Build from a `config.json` dict (old `rope_scaling` or new `rope_parameters` layout).
 
-        `runtime` sets dtype, param_dtype and remat_policy.
+        `runtime` sets dtype, param_dtype, remat_policy and attention.
         """
         model_type = hf.get("model_type", "llama")
         if model_type != "llama":

@@ -1,9 +1,12 @@
 """Hugging Face checkpoint import (`load_hf`) and export (`save_hf`).
 
-Loading streams tensor by tensor: each safetensors tensor is memory-mapped, converted to
-our layout on the host and placed straight into its shards with
-`jax.make_array_from_callback`, so a 7B model never needs two full host copies. Saving
-writes `config.json` and sharded safetensors that `transformers` loads.
+Hugging Face stores one tensor per layer (`model.layers.{i}.self_attn.q_proj.weight`); we
+stack each over layers ([layers, ...], see `sgs_jax.models.llama`). Loading memory-maps
+every safetensors tensor and builds each stacked parameter with
+`jax.make_array_from_callback`: a device's shard is cut straight out of the per-layer maps
+(a strided view in our layout, then one copy of just that shard), so neither the host nor
+any device ever holds more than its share of the model. Saving writes `config.json` and
+sharded safetensors that `transformers` loads, gathering one layer's tensor at a time.
 """
 
 from __future__ import annotations
@@ -50,28 +53,36 @@ class CheckpointError(ValueError):
     """A checkpoint directory is missing files, has unexpected tensors or wrong shapes."""
 
 
-def hf_name_to_path(name: str) -> tuple[str, ...] | None:
-    """Our parameter path for a Hugging Face tensor name (None for ignored buffers)."""
+def hf_name_to_path(name: str) -> tuple[tuple[str, ...], int | None] | None:
+    """(our parameter path, layer index or None) for a Hugging Face tensor name; None for
+    ignored buffers. Per-layer tensors map to one layer of a stacked parameter."""
     if _IGNORED.search(name):
         return None
     if name in _TOP_PARAMS:
-        return _TOP_PARAMS[name]
+        return _TOP_PARAMS[name], None
     match = _LAYER.match(name)
     if match and match.group(2) in _LAYER_PARAMS:
-        return ("layers", match.group(1), *_LAYER_PARAMS[match.group(2)])
+        return ("layers", *_LAYER_PARAMS[match.group(2)]), int(match.group(1))
     raise CheckpointError(f"unexpected tensor {name!r} in a Llama checkpoint")
 
 
-def path_to_hf_name(path: tuple[str, ...]) -> str:
+def path_to_hf_name(path: tuple[str, ...], layer: int | None = None) -> str:
+    """Inverse of `hf_name_to_path` (layer: the index into a stacked parameter)."""
     for name, ours in _TOP_PARAMS.items():
         if path == ours:
             return name
     inverse = {v: k for k, v in _LAYER_PARAMS.items()}
-    return f"model.layers.{path[1]}.{inverse[tuple(path[2:])]}.weight"
+    return f"model.layers.{layer}.{inverse[tuple(path[1:])]}.weight"
+
+
+def _is_stacked(path: tuple[str, ...]) -> bool:
+    return path[0] == "layers"
 
 
 def to_our_layout(path: tuple[str, ...], hf_array: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """Convert one HF tensor (torch Linear layout [out, in]) to ours."""
+    """Convert one HF tensor (torch Linear layout [out, in]; one layer's for stacked
+    parameters) to ours. Only transposes and reshapes that NumPy does as views, so a
+    memory-mapped tensor stays mapped until it is sliced and copied."""
     c, module = config, path[-2]
     if module in ("q_proj", "k_proj", "v_proj"):
         heads = c.num_heads if module == "q_proj" else c.num_kv_heads
@@ -84,7 +95,7 @@ def to_our_layout(path: tuple[str, ...], hf_array: np.ndarray, config: ModelConf
 
 
 def to_hf_layout(path: tuple[str, ...], array: np.ndarray) -> np.ndarray:
-    """Inverse of `to_our_layout`."""
+    """Inverse of `to_our_layout` (one layer's slice for stacked parameters)."""
     module = path[-2]
     if module in ("q_proj", "k_proj", "v_proj"):
         return array.reshape(array.shape[0], -1).T
@@ -96,7 +107,7 @@ def to_hf_layout(path: tuple[str, ...], array: np.ndarray) -> np.ndarray:
 
 
 def hf_shape(path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Shape in the HF layout of our parameter of `shape` (no array is built)."""
+    """HF shape of our (per-layer) parameter of `shape` (no array is built)."""
     module = path[-2]
     if module in ("q_proj", "k_proj", "v_proj"):
         return (shape[1] * shape[2], shape[0])
@@ -149,17 +160,21 @@ def load_hf(
     rules=None,
     param_dtype: Any = None,
     remat_policy: str = "none",
+    attention: str = "auto",
 ) -> Llama:
     """Load a Hugging Face Llama checkpoint directory (or hub id where reachable).
 
-    dtype: compute dtype; param_dtype: stored dtype (default: same as dtype).
+    dtype: compute dtype; param_dtype: stored dtype (default: same as dtype);
+    remat_policy, attention: the run-time settings of `ModelConfig`.
     With `mesh`, parameters land directly in their shards by the logical-axis rules.
     Returns a `Llama` whose `model(input_ids [B, T] int32)` gives logits [B, T, vocab].
     """
     directory = _resolve_checkpoint_dir(path)
     dtype_name = jnp.dtype(dtype).name
     param_name = jnp.dtype(param_dtype or dtype).name
-    config = ModelConfig.from_hf_file(directory, dtype=dtype_name, param_dtype=param_name, remat_policy=remat_policy)
+    config = ModelConfig.from_hf_file(
+        directory, dtype=dtype_name, param_dtype=param_name, remat_policy=remat_policy, attention=attention
+    )
     graphdef, abstract_state = abstract_model(config)
     if mesh is None:
         device = jax.local_devices()[0]
@@ -168,31 +183,56 @@ def load_hf(
 
     flat_abstract = {path_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(abstract_state)}
     flat_shardings = {path_names(p): s for p, s in jax.tree_util.tree_leaves_with_path(shardings)}
+    sources = _checkpoint_sources(directory, config, flat_abstract)
     loaded: dict[tuple[str, ...], jax.Array] = {}
-    for file in checkpoint_files(directory):
-        for name, hf_array in safetensors_io.iter_tensors(file):
-            ours = hf_name_to_path(name)
-            if ours is None or (ours == ("lm_head", "kernel") and config.tie_word_embeddings):
-                continue
-            if ours not in flat_abstract:
-                raise CheckpointError(f"tensor {name} does not fit the config (no parameter {'/'.join(ours)})")
-            target = flat_abstract[ours]
-            if tuple(hf_array.shape) != hf_shape(ours, target.shape):
-                raise CheckpointError(f"tensor {name}: shape {hf_array.shape} does not match the config (expected {target.shape} in our layout)")
-            host = np.asarray(to_our_layout(ours, hf_array, config)).astype(target.dtype)
-            loaded[ours] = jax.make_array_from_callback(target.shape, flat_shardings[ours], lambda idx, h=host: h[idx])
-    missing = sorted("/".join(p) for p in flat_abstract if p not in loaded)
-    if missing:
-        raise CheckpointError(f"checkpoint {directory} lacks parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    for ours, target in flat_abstract.items():
 
+        def shard(index, ours=ours, dtype=target.dtype):
+            if not _is_stacked(ours):
+                return np.asarray(to_our_layout(ours, sources[ours, None], config)[index], dtype=dtype)
+            layers = range(config.num_layers)[index[0]]
+            parts = [to_our_layout(ours, sources[ours, i], config)[index[1:]] for i in layers]
+            out = np.empty((len(parts), *parts[0].shape), dtype)
+            for j, part in enumerate(parts):  # one copy per layer slice, converted on the way
+                out[j] = part
+            return out
+
+        loaded[ours] = jax.make_array_from_callback(target.shape, flat_shardings[ours], shard)
     state = jax.tree_util.tree_map_with_path(lambda p, _: loaded[path_names(p)], abstract_state)
     return nnx.merge(graphdef, state)
+
+
+def _checkpoint_sources(directory: str, config: ModelConfig, flat_abstract) -> dict[tuple, np.ndarray]:
+    """{(our path, layer or None): memory-mapped HF tensor}, checked against the config:
+    every parameter (every layer of stacked ones) present, nothing unknown, shapes right."""
+    sources: dict[tuple, np.ndarray] = {}
+    for file in checkpoint_files(directory):
+        for name, hf_array in safetensors_io.iter_tensors(file):
+            mapped = hf_name_to_path(name)
+            if mapped is None or (mapped[0] == ("lm_head", "kernel") and config.tie_word_embeddings):
+                continue
+            ours, layer = mapped
+            if ours not in flat_abstract or (layer is not None and layer >= config.num_layers):
+                raise CheckpointError(f"tensor {name} does not fit the config (no parameter {'/'.join(ours)} layer {layer})")
+            shape = flat_abstract[ours].shape[1:] if layer is not None else flat_abstract[ours].shape
+            if tuple(hf_array.shape) != hf_shape(ours, shape):
+                raise CheckpointError(f"tensor {name}: shape {hf_array.shape} does not match the config (expected {shape} in our layout)")
+            sources[ours, layer] = hf_array
+    wanted = [
+        (ours, layer)
+        for ours in flat_abstract
+        for layer in (range(config.num_layers) if _is_stacked(ours) else [None])
+    ]
+    missing = [path_to_hf_name(*key) for key in wanted if key not in sources]
+    if missing:
+        raise CheckpointError(f"checkpoint {directory} lacks parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    return sources
 
 
 def save_hf(model: Llama, path: str | os.PathLike, max_shard_bytes: int = 4 << 30, tokenizer=None) -> None:
     """Write `model` as a Hugging Face checkpoint (config.json + safetensors, sharded with an
     index when larger than `max_shard_bytes`) that `AutoModelForCausalLM.from_pretrained`
-    loads. Parameters are gathered one tensor at a time; on multi-host runs every process
+    loads. Parameters are gathered one (per-layer) tensor at a time; on multi-host runs every process
     must call this, and process 0 writes. `tokenizer` (a transformers tokenizer) is saved
     alongside when given."""
     path = os.fspath(path)
@@ -202,31 +242,38 @@ def save_hf(model: Llama, path: str | os.PathLike, max_shard_bytes: int = 4 << 3
     config = model.config
     state = nnx.state(model, nnx.Param)
     params = {path_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(state)}
-    specs = []
-    for ours, leaf in params.items():
-        specs.append((path_to_hf_name(ours), ours, hf_shape(ours, leaf.shape), np.dtype(leaf.dtype)))
+    by_name: dict[str, tuple[tuple[str, ...], int | None]] = {}
+    specs = []  # (HF name, HF shape, dtype): embeddings, then layer by layer, then the rest
+    entries = [(ours, None) for ours in params if ours[0] == "embed"]
+    entries += [(ours, i) for i in range(config.num_layers) for ours in params if _is_stacked(ours)]
+    entries += [(ours, None) for ours in params if ours[0] != "embed" and not _is_stacked(ours)]
+    for ours, layer in entries:
+        leaf = params[ours]
+        shape = leaf.shape[1:] if layer is not None else leaf.shape
+        name = path_to_hf_name(ours, layer)
+        by_name[name] = (ours, layer)
+        specs.append((name, hf_shape(ours, shape), np.dtype(leaf.dtype)))
 
     shards: list[list] = [[]]
     size = 0
     for spec in specs:
-        nbytes = int(np.prod(spec[2])) * spec[3].itemsize
+        nbytes = int(np.prod(spec[1])) * spec[2].itemsize
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append([])
             size = 0
         shards[-1].append(spec)
         size += nbytes
-    by_name = {name: ours for name, ours, _, _ in specs}
 
     def fetch(name: str) -> np.ndarray:
-        ours = by_name[name]
-        return to_hf_layout(ours, _gather(params[ours]))
+        ours, layer = by_name[name]
+        array = params[ours] if layer is None else params[ours][layer]
+        return to_hf_layout(ours, _gather(array))
 
     weight_map = {}
     names = ["model.safetensors"] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
     ]
-    for file_name, shard in zip(names, shards):
-        shard_specs = [(name, shape, dtype) for name, _, shape, dtype in shard]
+    for file_name, shard_specs in zip(names, shards):
         if is_writer:
             safetensors_io.write_file(os.path.join(path, file_name), shard_specs, fetch)
         else:  # other hosts still take part in the gathers
@@ -236,7 +283,7 @@ def save_hf(model: Llama, path: str | os.PathLike, max_shard_bytes: int = 4 << 3
     if not is_writer:
         return
     if len(shards) > 1:
-        total = sum(int(np.prod(s[2])) * s[3].itemsize for s in specs)
+        total = sum(int(np.prod(s[1])) * s[2].itemsize for s in specs)
         with open(os.path.join(path, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:

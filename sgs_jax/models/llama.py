@@ -1,12 +1,16 @@
 """The LLaMA-family decoder (DeepSeek-Prover-V2-7B's architecture) in Flax NNX.
 
-Parameter layouts are chosen for einsum and sharding, not copied from PyTorch:
-  embed.embedding      [vocab, embed]
-  q_proj.kernel        [embed, q_heads, head_dim]   (k_proj, v_proj: kv_heads)
-  o_proj.kernel        [q_heads, head_dim, embed]
-  gate/up_proj.kernel  [embed, mlp];  down_proj.kernel [mlp, embed]
-  lm_head.kernel       [embed, vocab] (absent when embeddings are tied)
-`sgs_jax.models.hf_io` converts to and from Hugging Face names and layouts.
+Parameter layouts are chosen for einsum and sharding, not copied from PyTorch; every
+per-layer parameter is stacked over layers (leading [layers] axis) and the decoder runs as
+one `lax.scan` over them, so compile time does not grow with depth:
+  embed.embedding                  [vocab, embed]
+  layers.attn.q_proj.kernel        [layers, embed, q_heads, head_dim]   (k_proj, v_proj: kv_heads)
+  layers.attn.o_proj.kernel        [layers, q_heads, head_dim, embed]
+  layers.mlp.gate/up_proj.kernel   [layers, embed, mlp];  layers.mlp.down_proj.kernel [layers, mlp, embed]
+  layers.attn_norm/mlp_norm.scale  [layers, embed];  final_norm.scale [embed]
+  lm_head.kernel                   [embed, vocab] (absent when embeddings are tied)
+`sgs_jax.models.hf_io` converts to and from Hugging Face names and layouts; attention
+itself is `sgs_jax.models.attention.attend` (backend chosen by `config.attention`).
 
 Two entry points share every layer:
   `model(input_ids, attention_mask, positions)`      full causal forward -> logits
@@ -20,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sgs_jax.models.attention import AttentionMask, attend
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.kv_cache import KVCache
 from sgs_jax.models.rope import apply_rope, rope_cos_sin
@@ -67,36 +72,29 @@ class Attention(nnx.Module):
         self.v_proj = Weight(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), pd)
         self.o_proj = Weight(rngs, (c.num_heads, c.head_dim, c.hidden_size), pd)
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None):
-        """x [B, T, E]; cos/sin [B, T, rotary]; mask [B, T, S] bool (query t may see key s).
+    def __call__(self, x, cos, sin, mask: AttentionMask, cache_kv=None, layer=None):
+        """x [B, T, E]; cos/sin [B, T, rotary]. Returns (output [B, T, E], cache_kv).
 
-        Without a cache S = T. With `cache_kv` ([B, S, Hkv, D] each) the new keys/values are
-        written at `slots` [B, T] first. Returns (output [B, T, E], updated cache_kv or None).
+        cache_kv: None (self-attention) or the stacked (keys, values), [L, B, S, Hkv, D]
+        each: the new keys/values are written into layer `layer` at mask.q_slots first, and
+        the queries attend over that layer's whole cache rows.
         """
-        c, dt = self.config, self.config.compute_dtype
+        dt = self.config.compute_dtype
         q = jnp.einsum("bte,ehd->bthd", x, self.q_proj.kernel[...].astype(dt))
         k = jnp.einsum("bte,ehd->bthd", x, self.k_proj.kernel[...].astype(dt))
         v = jnp.einsum("bte,ehd->bthd", x, self.v_proj.kernel[...].astype(dt))
         q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
         k = apply_rope(k, cos, sin)
-        new_cache = None
         if cache_kv is not None:
+            keys, values = cache_kv
             rows = jnp.arange(x.shape[0])[:, None]
-            k = cache_kv[0].at[rows, slots].set(k.astype(cache_kv[0].dtype), mode="drop")
-            v = cache_kv[1].at[rows, slots].set(v.astype(cache_kv[1].dtype), mode="drop")
-            new_cache = (k, v)
-        k = constrain(k, ("batch", "cache_seq", "kv_heads", "head_dim"))
-        v = constrain(v, ("batch", "cache_seq", "kv_heads", "head_dim"))
-        groups = c.num_heads // c.num_kv_heads
-        b, t = q.shape[:2]
-        q = q.reshape(b, t, c.num_kv_heads, groups, c.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dt)).astype(jnp.float32)
-        scores = scores * (c.head_dim**-0.5)
-        scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, c.num_heads, c.head_dim)
-        out = jnp.einsum("bthd,hde->bte", out, self.o_proj.kernel[...].astype(dt))
-        return out, new_cache
+            keys = keys.at[layer, rows, mask.q_slots].set(k.astype(keys.dtype), mode="drop")
+            values = values.at[layer, rows, mask.q_slots].set(v.astype(values.dtype), mode="drop")
+            k, v, cache_kv = keys[layer], values[layer], (keys, values)
+        k = constrain(k, ("batch", "cache_seq", "kv_heads", "head_dim")).astype(dt)
+        v = constrain(v, ("batch", "cache_seq", "kv_heads", "head_dim")).astype(dt)
+        out = attend(q, k, v, mask, self.config.attention)
+        return jnp.einsum("bthd,hde->bte", out, self.o_proj.kernel[...].astype(dt)), cache_kv
 
 
 class MLP(nnx.Module):
@@ -118,17 +116,20 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
+    """One pre-norm block. `Llama` holds a single instance whose parameters are stacked over
+    layers ([L, ...]) and runs it with `lax.scan`, one layer's slice per step."""
+
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.weight_dtype)
         self.attn = Attention(config, rngs)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.weight_dtype)
         self.mlp = MLP(config, rngs)
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, slots=None):
-        attn_out, new_cache = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, slots)
+    def __call__(self, x, cos, sin, mask: AttentionMask, cache_kv=None, layer=None):
+        attn_out, cache_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, layer)
         x = x + attn_out
         x = x + self.mlp(self.mlp_norm(x))
-        return constrain(x, ("batch", "seq", "act_embed")), new_cache
+        return constrain(x, ("batch", "seq", "act_embed")), cache_kv
 
 
 _REMAT_POLICIES = {
@@ -137,8 +138,13 @@ _REMAT_POLICIES = {
 }
 
 
-def _run_layer(layer: DecoderLayer, x, cos, sin, mask, cache_kv, slots):
-    return layer(x, cos, sin, mask, cache_kv, slots)
+def stacked_layers(config: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
+    """A DecoderLayer whose parameters have a leading [num_layers] axis (the layout `Llama`
+    scans over). Layers draw from `rngs` one after another, so a seed gives the same
+    weights as the same layers built one by one."""
+    graphdef, first = nnx.split(DecoderLayer(config, rngs))
+    states = [first] + [nnx.state(DecoderLayer(config, rngs)) for _ in range(config.num_layers - 1)]
+    return nnx.merge(graphdef, jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states))
 
 
 class Llama(nnx.Module):
@@ -148,17 +154,12 @@ class Llama(nnx.Module):
         c = config
         self.config = config
         self.embed = Embedding(rngs, c.vocab_size, c.hidden_size, c.weight_dtype)
-        self.layers = nnx.List([DecoderLayer(c, rngs) for _ in range(c.num_layers)])
+        self.layers = stacked_layers(c, rngs)
         self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.weight_dtype)
         if not c.tie_word_embeddings:
             self.lm_head = Weight(rngs, (c.hidden_size, c.vocab_size), c.weight_dtype)
 
     # ---- building blocks --------------------------------------------------------------
-    def _layer_fn(self):
-        if self.config.remat_policy == "none":
-            return _run_layer
-        return nnx.remat(_run_layer, policy=_REMAT_POLICIES[self.config.remat_policy])
-
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         """[B, T] int -> [B, T, E] in compute dtype."""
         x = jnp.take(self.embed.embedding[...], input_ids, axis=0).astype(self.config.compute_dtype)
@@ -174,11 +175,18 @@ class Llama(nnx.Module):
         return logits.astype(jnp.float32)
 
     # ---- full forward -------------------------------------------------------------------
-    def hidden_states(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
+    def hidden_states(self, input_ids, attention_mask=None, positions=None, *, right_padded: bool = False) -> jax.Array:
         """Final-normed hidden states [B, T, E] of a causal pass over `input_ids` [B, T].
 
         attention_mask [B, T] (1/True = real token) masks padding keys, left or right;
         positions [B, T] default to the count of real tokens before each token.
+        right_padded=True promises every row's real tokens come first (as the Trainer's
+        micro-batches are): causal masking alone then keeps the padding out of every real
+        token's attention, so no padding mask is applied (fused kernels run unmasked) and
+        only padding positions' outputs change.
+
+        The layers run as one `lax.scan`; `config.remat_policy` rematerialises its body
+        (this is the training entry point; the cached path never remats).
         """
         b, t = input_ids.shape
         if attention_mask is None:
@@ -186,13 +194,17 @@ class Llama(nnx.Module):
         attention_mask = attention_mask.astype(bool)
         if positions is None:
             positions = default_positions(attention_mask)
-        causal = jnp.tril(jnp.ones((t, t), bool))
-        mask = causal[None] & attention_mask[:, None, :]
+        mask = AttentionMask(kv_valid=None if right_padded else attention_mask)
         cos, sin = rope_cos_sin(self.config, positions)
-        x = self.embed_tokens(input_ids)
-        layer_fn = self._layer_fn()
-        for layer in self.layers:
-            x, _ = layer_fn(layer, x, cos, sin, mask, None, None)
+        graphdef, layer_params = nnx.split(self.layers)
+
+        def body(x, params):
+            x, _ = nnx.merge(graphdef, params)(x, cos, sin, mask)
+            return x, None
+
+        if self.config.remat_policy != "none":
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.config.remat_policy], prevent_cse=False)
+        x, _ = jax.lax.scan(body, self.embed_tokens(input_ids), layer_params)
         return self.final_norm(x)
 
     def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
@@ -207,7 +219,8 @@ class Llama(nnx.Module):
         Tokens are written at slots end[b] .. end[b] + T - 1; attention_mask [B, T] marks the
         real ones. Default positions continue from the number of real tokens already cached.
         Afterwards end[b] is one past the row's last real token, so right padding is
-        overwritten by the next tokens.
+        overwritten by the next tokens. The stacked cache is carried through the layer
+        scan and updated in place; no remat (nothing is differentiated here).
         """
         b, t = input_ids.shape
         if attention_mask is None:
@@ -218,20 +231,22 @@ class Llama(nnx.Module):
         slots = cache.end[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
         rows = jnp.arange(b)[:, None]
         valid = cache.valid.at[rows, slots].set(attention_mask, mode="drop")
-        key_slots = jnp.arange(cache.max_len, dtype=jnp.int32)
-        mask = valid[:, None, :] & (key_slots[None, None, :] <= slots[:, :, None])
+        mask = AttentionMask(kv_valid=valid, q_slots=slots)
         cos, sin = rope_cos_sin(self.config, positions)
-        x = self.embed_tokens(input_ids)
-        layer_fn = self._layer_fn()
-        keys, values = [], []
-        for i, layer in enumerate(self.layers):
-            x, (k, v) = layer_fn(layer, x, cos, sin, mask, (cache.keys[i], cache.values[i]), slots)
-            keys.append(k)
-            values.append(v)
+        graphdef, layer_params = nnx.split(self.layers)
+
+        def body(carry, xs):
+            x, kv = carry
+            params, layer = xs
+            x, kv = nnx.merge(graphdef, params)(x, cos, sin, mask, kv, layer)
+            return (x, kv), None
+
+        layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
+        init = (self.embed_tokens(input_ids), (cache.keys, cache.values))
+        (x, (keys, values)), _ = jax.lax.scan(body, init, (layer_params, layer_ids))
         last_real = jnp.max(jnp.where(attention_mask, slots + 1, 0), axis=1)
         end = jnp.maximum(cache.end, last_real).astype(jnp.int32)
-        new_cache = KVCache(tuple(keys), tuple(values), valid, end)
-        return self.logits_from_hidden(self.final_norm(x)), new_cache
+        return self.logits_from_hidden(self.final_norm(x)), KVCache(keys, values, valid, end)
 
 
 def default_positions(attention_mask: jax.Array) -> jax.Array:

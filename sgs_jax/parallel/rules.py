@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 # logical axis -> mesh axes (None = replicated). FSDP shards the embedding dimension of
 # weights; tensor parallelism shards heads, MLP and vocabulary.
 RULES: dict[str, tuple[str, ...] | None] = {
+    "layers": None,  # the stacked-layers axis the decoder scans over: every device holds all layers
     "batch": ("data", "fsdp"),
     "seq": None,
     "vocab": ("tensor",),
@@ -33,18 +34,19 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "cache_seq": None,
 }
 
-# (module name, parameter name) -> logical axes of the parameter's dimensions.
+# (module name, parameter name) -> logical axes of the parameter's dimensions. Per-layer
+# parameters are stacked over layers (`layers`, leading).
 PARAM_LOGICAL_AXES: dict[tuple[str, str], tuple[str, ...]] = {
     ("embed", "embedding"): ("vocab", "embed"),
-    ("q_proj", "kernel"): ("embed", "q_heads", "head_dim"),
-    ("k_proj", "kernel"): ("embed", "kv_heads", "head_dim"),
-    ("v_proj", "kernel"): ("embed", "kv_heads", "head_dim"),
-    ("o_proj", "kernel"): ("q_heads", "head_dim", "embed"),
-    ("gate_proj", "kernel"): ("embed", "mlp"),
-    ("up_proj", "kernel"): ("embed", "mlp"),
-    ("down_proj", "kernel"): ("mlp", "embed"),
-    ("attn_norm", "scale"): ("norm",),
-    ("mlp_norm", "scale"): ("norm",),
+    ("q_proj", "kernel"): ("layers", "embed", "q_heads", "head_dim"),
+    ("k_proj", "kernel"): ("layers", "embed", "kv_heads", "head_dim"),
+    ("v_proj", "kernel"): ("layers", "embed", "kv_heads", "head_dim"),
+    ("o_proj", "kernel"): ("layers", "q_heads", "head_dim", "embed"),
+    ("gate_proj", "kernel"): ("layers", "embed", "mlp"),
+    ("up_proj", "kernel"): ("layers", "embed", "mlp"),
+    ("down_proj", "kernel"): ("layers", "mlp", "embed"),
+    ("attn_norm", "scale"): ("layers", "norm"),
+    ("mlp_norm", "scale"): ("layers", "norm"),
     ("final_norm", "scale"): ("norm",),
     ("lm_head", "kernel"): ("embed", "vocab"),
 }
@@ -121,6 +123,11 @@ def activation_sharding(mesh: Mesh, rules: Mapping | None = None):
         yield
     finally:
         _CURRENT.reset(token)
+
+
+def current_mesh() -> tuple[Mesh, Mapping] | None:
+    """(mesh, rules) of the enclosing `activation_sharding`, or None outside one."""
+    return _CURRENT.get()
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:

@@ -49,11 +49,16 @@ def _target_logprobs(logits_fn, hidden, targets):
     return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
-def token_logprobs(model, input_ids: jax.Array, attention_mask: jax.Array, targets: jax.Array, chunk_size: int = 1024) -> jax.Array:
+def token_logprobs(
+    model, input_ids: jax.Array, attention_mask: jax.Array, targets: jax.Array, chunk_size: int = 1024,
+    right_padded: bool = False,
+) -> jax.Array:
     """[B, T] float32 log p(targets[b, t] | input_ids[b, :t+1]) under `model` (a `Llama`).
 
     input_ids, targets: [B, T] int; attention_mask: [B, T] (real input tokens). Values at
-    padding positions are meaningless; mask them in the loss.
+    padding positions are meaningless; mask them in the loss. right_padded: every row's
+    real tokens come first (as `MicroBatch` rows do), so attention needs no padding mask
+    (see `Llama.hidden_states`).
     """
-    hidden = model.hidden_states(input_ids, attention_mask)
+    hidden = model.hidden_states(input_ids, attention_mask, right_padded=right_padded)
     return chunked_target_logprobs(model.logits_from_hidden, hidden, targets, chunk_size)

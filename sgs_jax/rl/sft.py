@@ -210,13 +210,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16", help="compute dtype")
     ap.add_argument("--param-dtype", default="float32", help="stored parameter dtype (fp32 = master weights)")
     ap.add_argument("--remat", default="full", choices=("none", "full", "dots"))
+    ap.add_argument("--attention", default="auto", choices=("auto", "xla", "cudnn", "splash"), help="attention backend")
     ap.add_argument("--fsdp", type=int, default=-1)
     ap.add_argument("--tensor", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
     mesh = make_mesh(data=1, fsdp=args.fsdp, tensor=args.tensor)
-    model = load_hf(args.model, dtype=args.dtype, mesh=mesh, param_dtype=args.param_dtype, remat_policy=args.remat)
+    model = load_hf(args.model, dtype=args.dtype, mesh=mesh, param_dtype=args.param_dtype, remat_policy=args.remat,
+                    attention=args.attention)
     tokenizer = load_tokenizer(args.model)
     train, held = split_heldout(read_sft_jsonl(args.data), 0 if args.no_format_check else args.heldout, args.seed)
     config = TrainConfig(

@@ -101,7 +101,10 @@ class TrainConfig:
 def micro_batch_loss(model, batch: MicroBatch, config: TrainConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The objective's loss on one micro-batch (its share of the whole batch's loss, as
     `batch.scale` holds the batch-wide normaliser) and its metrics."""
-    logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.targets, config.logits_chunk)
+    # Micro-batch rows are right-padded (rl.batching), so causal attention alone hides padding.
+    logprobs = token_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.targets, config.logits_chunk, right_padded=True
+    )
     mask, scale = batch.loss_mask, batch.scale
     if config.objective == "cispo":
         return objectives.cispo_loss(

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sgs_jax.models.config import ModelConfig
-from sgs_jax.models.kv_cache import KVCache
+from sgs_jax.models.kv_cache import KV_AXES, KVCache
 from sgs_jax.parallel.rules import constrain
 from sgs_jax.sampling.distribution import next_tokens
 
@@ -53,10 +53,9 @@ class ChunkOutput:
 def pin_state(state: DecodeState) -> DecodeState:
     """Sharding constraints on the decode state (batch over data/fsdp, KV heads over tensor);
     a no-op outside `activation_sharding`."""
-    kv = ("batch", "cache_seq", "kv_heads", "head_dim")
     cache = KVCache(
-        keys=tuple(constrain(k, kv) for k in state.cache.keys),
-        values=tuple(constrain(v, kv) for v in state.cache.values),
+        keys=constrain(state.cache.keys, KV_AXES),
+        values=constrain(state.cache.values, KV_AXES),
         valid=constrain(state.cache.valid, ("batch", "cache_seq")),
         end=constrain(state.cache.end, ("batch",)),
     )
@@ -89,17 +88,18 @@ def insert_prompts(graphdef, params, state: DecodeState, prompt_ids, prompt_mask
     """
     model = nnx.merge(graphdef, params)
     num_prompts, bucket = prompt_ids.shape
-    small = KVCache.create(model.config, num_prompts, bucket, dtype=state.cache.keys[0].dtype)
+    small = KVCache.create(model.config, num_prompts, bucket, dtype=state.cache.keys.dtype)
     _, small = model.forward_cached(prompt_ids, small, prompt_mask)  # logits unused: XLA drops the head
     slots = state.cache.batch_size
     # Rows not refilled scatter to index `slots`, which mode="drop" discards.
     dest = jnp.where(refill, jnp.arange(slots), slots)[:, None]
     cols = jnp.arange(bucket)[None, :]
-    put = lambda big, part: big.at[dest, cols].set(part[source], mode="drop")  # noqa: E731
+    # All layers at once: keys/values are [layers, rows, slots, ...].
+    put = lambda big, part: big.at[:, dest, cols].set(part[:, source], mode="drop")  # noqa: E731
     valid_rows = jnp.pad(small.valid[source], ((0, 0), (0, state.cache.max_len - bucket)))
     cache = KVCache(
-        keys=tuple(put(k, sk) for k, sk in zip(state.cache.keys, small.keys)),
-        values=tuple(put(v, sv) for v, sv in zip(state.cache.values, small.values)),
+        keys=put(state.cache.keys, small.keys),
+        values=put(state.cache.values, small.values),
         valid=jnp.where(refill[:, None], valid_rows, state.cache.valid),
         end=jnp.where(refill, small.end[source], state.cache.end),
     )
@@ -167,8 +167,7 @@ def _window(cache: KVCache, window: int) -> KVCache:
     """The first `window` slots of every row (end pointers unchanged)."""
     if window == cache.max_len:
         return cache
-    cut = lambda x: x[:, :window]  # noqa: E731
-    return KVCache(tuple(map(cut, cache.keys)), tuple(map(cut, cache.values)), cut(cache.valid), cache.end)
+    return KVCache(cache.keys[:, :, :window], cache.values[:, :, :window], cache.valid[:, :window], cache.end)
 
 
 def _unwindow(full: KVCache, part: KVCache) -> KVCache:
@@ -176,6 +175,4 @@ def _unwindow(full: KVCache, part: KVCache) -> KVCache:
     if part.max_len == full.max_len:
         return part
     put = lambda big, small: jax.lax.dynamic_update_slice(big, small, (0,) * big.ndim)  # noqa: E731
-    return KVCache(
-        tuple(map(put, full.keys, part.keys)), tuple(map(put, full.values, part.values)), put(full.valid, part.valid), part.end
-    )
+    return KVCache(put(full.keys, part.keys), put(full.values, part.values), put(full.valid, part.valid), part.end)

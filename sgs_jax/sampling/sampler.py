@@ -63,10 +63,11 @@ def _leaf_signature(tree) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
 
 
 def _numerics(config: ModelConfig | None):
-    """The config without its special-token ids (which do not change the computation)."""
+    """The config without what does not change sampling: special-token ids, and the
+    training-only remat policy (the cached forward never rematerialises)."""
     if not isinstance(config, ModelConfig):
         return None
-    return dataclasses.replace(config, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return dataclasses.replace(config, bos_token_id=None, eos_token_id=None, pad_token_id=None, remat_policy="none")
 
 
 class Sampler:
@@ -98,6 +99,8 @@ class Sampler:
             raise ValueError(f"max_batch, chunk_steps and prefill_batch must be >= 1, got {max_batch}, {chunk_steps}, {prefill_batch}")
         if not prompt_buckets or list(prompt_buckets) != sorted(set(prompt_buckets)) or prompt_buckets[0] < 1:
             raise ValueError(f"prompt_buckets must be increasing positive lengths, got {prompt_buckets}")
+        # Training-only settings never reach the sampling programs.
+        model_config = model_config.replace(remat_policy="none")
         self.config = model_config
         self.mesh = mesh
         self.max_batch = max_batch

@@ -55,7 +55,7 @@ def load_role_tokenizer(cfg):
 def load_model(cfg, path: str, mesh) -> Llama:
     """A role's checkpoint in the run's dtypes and remat policy, sharded on `mesh`."""
     return load_hf(path, dtype=jnp.dtype(cfg.model.dtype), mesh=mesh, param_dtype=jnp.dtype(cfg.model.param_dtype),
-                   remat_policy=cfg.model.remat_policy)
+                   remat_policy=cfg.model.remat_policy, attention=cfg.model.attention)
 
 
 def initial_models(cfg, tokenizer, mesh, workdir: str) -> tuple[Llama, Llama | None]:

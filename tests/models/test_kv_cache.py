@@ -76,7 +76,7 @@ def test_repeat_and_reset_rows():
     _, cache = model.forward_cached(jnp.asarray(ids[:1, :4]), cache)
     many = cache.repeat_rows(3)
     assert many.batch_size == 3
-    np.testing.assert_array_equal(np.asarray(many.keys[0][2]), np.asarray(cache.keys[0][0]))
+    np.testing.assert_array_equal(np.asarray(many.keys[:, 2]), np.asarray(cache.keys[:, 0]))
     reset = many.reset_rows(jnp.array([False, True, False]))
     np.testing.assert_array_equal(np.asarray(reset.num_tokens()), [4, 0, 4])
     np.testing.assert_array_equal(np.asarray(reset.end), [4, 0, 4])

@@ -27,8 +27,9 @@ def test_sharded_forward_equals_unsharded(reference, shape):
     config, _, ids, expected = reference
     mesh = make_mesh(**shape)
     sharded = create_model(config, seed=1, mesh=mesh)  # created directly in shards
-    kernel = sharded.layers[0].attn.q_proj.kernel[...]
-    assert kernel.sharding.spec == logical_to_spec(("embed", "q_heads", "head_dim"), mesh, kernel.shape)
+    kernel = sharded.layers.attn.q_proj.kernel[...]  # stacked: [layers, embed, heads, head_dim]
+    assert kernel.shape[0] == config.num_layers
+    assert kernel.sharding.spec == logical_to_spec(("layers", "embed", "q_heads", "head_dim"), mesh, kernel.shape)
     graphdef, state = nnx.split(sharded)
     batch_sharding = NamedSharding(mesh, logical_to_spec(("batch", "seq"), mesh, ids.shape))
 

@@ -41,3 +41,15 @@ def test_gradient_matches_unchunked(setup):
         return jnp.sum(w * jnp.take_along_axis(logp, targets[..., None], -1)[..., 0])
 
     np.testing.assert_allclose(np.asarray(jax.grad(chunked)(hidden)), np.asarray(jax.grad(whole)(hidden)), atol=1e-6, rtol=0)
+
+
+def test_right_padded_rows_need_no_padding_mask():
+    """right_padded=True (what the Trainer passes) drops the padding mask: real tokens'
+    log-probs are unchanged, as causal attention alone keeps trailing padding out."""
+    model = create_model(tiny(), seed=3)
+    rng = np.random.default_rng(2)
+    ids = jnp.asarray(rng.integers(3, 97, (3, 64)), jnp.int32)
+    mask = np.arange(64)[None, :] < np.array([[64], [40], [9]])
+    masked = token_logprobs(model, ids, jnp.asarray(mask), ids, chunk_size=16)
+    unmasked = token_logprobs(model, ids, jnp.asarray(mask), ids, chunk_size=16, right_padded=True)
+    np.testing.assert_allclose(np.asarray(unmasked)[mask], np.asarray(masked)[mask], atol=1e-5, rtol=0)

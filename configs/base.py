@@ -49,6 +49,8 @@ def get_config() -> ConfigDict:
     c.sampling.conjecturer_max_new_tokens = 8192  # Conjecturer generation cap
     c.sampling.guide_max_new_tokens = 8192  # Guide generation cap
     c.sampling.max_batch = 256  # concurrent sequences (slots) in the sampler
+    c.sampling.kv_pool_tokens = 524_288  # KV pool capacity in tokens, shared by all slots (a full pool pauses refills)
+    c.sampling.page_size = 64  # tokens per KV page (rows take pages as they grow; the k samples share prompt pages)
 
     c.sgs = ConfigDict()
     c.sgs.use_conjecturer = True  # False = Solver-only RL baselines

@@ -32,6 +32,7 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "act_mlp": ("tensor",),
     "act_vocab": ("tensor",),
     "cache_seq": None,
+    "kv_pages": ("data", "fsdp"),  # the sampler's paged KV pool: pages split like the rows that hold them
 }
 
 # (module name, parameter name) -> logical axes of the parameter's dimensions. Per-layer

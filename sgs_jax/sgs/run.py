@@ -101,7 +101,7 @@ class SGSRun:
         self.checkpointer = RunCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.run.keep_checkpoints)
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
         self.roles: Roles = build_roles(cfg, base, guide, self.mesh)
-        self.sampler = Sampler(base.config, mesh=self.mesh, max_batch=cfg.sampling.max_batch)
+        self.sampler = Sampler.from_config(cfg, base.config, self.mesh)
         self.ctx = PhaseContext.from_config(cfg, self.sampler, self.tokenizer, self.verifier, templates)
         resumed = self._resume()
         self._align_side_files(resumed)

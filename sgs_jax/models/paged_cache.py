@@ -108,13 +108,18 @@ def ragged_work(page_table: jax.Array, num_pages: jax.Array, size: int, page_siz
 
 def write_token(keys: jax.Array, values: jax.Array, layer, k: jax.Array, v: jax.Array, batch: PagedBatch):
     """Write each active row's new key/value (k, v [S, kv_heads, head_dim]) of `layer` at
-    its position `cached` (inactive rows write nothing). keys/values: one shard's pool."""
+    its position `cached` (inactive rows write nothing). keys/values: one shard's pool.
+
+    One [head_dim] vector per (row, head) is scattered, so the pool keeps its row-major
+    layout (the one the Pallas kernels read) instead of one XLA would pick for a
+    heads-wide update window, which would force a copy of the pool around every kernel."""
     num_pages, page_size = keys.shape[2], keys.shape[3]
     column = jnp.minimum(batch.cached // page_size, batch.page_table.shape[1] - 1)
     page = jnp.take_along_axis(batch.page_table, column[:, None], axis=1)[:, 0]
-    page = jnp.where(batch.active, page, num_pages)  # out of range: dropped
-    offset = batch.cached % page_size
-    put = lambda pool, x: pool.at[:, layer, page, offset].set(jnp.swapaxes(x, 0, 1).astype(pool.dtype), mode="drop")  # noqa: E731
+    page = jnp.where(batch.active, page, num_pages)[:, None]  # out of range: dropped
+    offset = (batch.cached % page_size)[:, None]
+    heads = jnp.arange(keys.shape[0], dtype=jnp.int32)[None, :]
+    put = lambda pool, x: pool.at[heads, layer, page, offset].set(x.astype(pool.dtype), mode="drop")  # noqa: E731
     return put(keys, k), put(values, v)
 
 

@@ -103,7 +103,9 @@ class Completions:
             if getattr(self, name).shape != (n,):
                 raise ValueError(f"{name} must have shape ({n},), got {getattr(self, name).shape}")
         for name, dtype in (("token_ids", np.int32), ("logprobs", np.float32), ("entropies", np.float32)):
-            array = np.asarray(getattr(self, name), dtype).reshape(n, -1)
+            array = np.asarray(getattr(self, name), dtype)
+            if array.ndim != 2 or array.shape[0] != n:
+                raise ValueError(f"{name} must have shape ({n}, L), got {array.shape}")
             if array.shape[1] < width:
                 raise ValueError(f"{name} has {array.shape[1]} columns for rows of up to {width} tokens")
             object.__setattr__(self, name, _frozen(array[:, :width], dtype))

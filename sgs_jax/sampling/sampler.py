@@ -248,6 +248,28 @@ class Sampler:
         slots = power_of_two_at_least(num_rows, self.max_batch)
         return min(self.max_batch, -(-slots // self.shards) * self.shards)
 
+    # ---- ahead-of-time lowering (sgs-plan) ----------------------------------------------
+    def abstract_state(self, num_slots: int, num_pages: int) -> programs.DecodeState:
+        """Shape structs of the decode state `generate` starts from, with its shardings."""
+        lowered = self._empty.lower(num_slots, num_pages, self.page_size)
+        shardings = lowered.compile().output_shardings
+        return jax.tree_util.tree_map(lambda info, sh: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sh),
+                                      lowered.out_info, shardings)
+
+    def lower_decode(self, weights, num_slots: int, num_pages: int, max_pages: int, work_size: int = 1, mode: str = "plain"):
+        """The decode chunk `generate` runs, lowered without arrays: `weights` are shape
+        structs (with shardings) in the form `generate` would receive; num_pages: the whole
+        pool; max_pages: page-table width; work_size: ragged work entries per shard (gather
+        backend only)."""
+        s = num_slots
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+        f32 = jax.ShapeDtypeStruct((), jnp.float32)
+        return self._decode.lower(
+            weights, self.abstract_state(s, num_pages), i32(s, max_pages), i32(s), jax.ShapeDtypeStruct((s,), bool),
+            i32(_STOP_SLOTS), f32, i32(), f32, i32(),
+            mode=mode, chunk_steps=self.chunk_steps, work_size=work_size if self.attention_backend == "gather" else 1,
+        )
+
     # ---- internals ------------------------------------------------------------------------
     def _sampling_args(self, params: SamplingParams):
         stop_ids = params.resolved_stop_ids(self.config.eos_token_ids)

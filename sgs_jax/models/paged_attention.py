@@ -51,26 +51,30 @@ def select_paged_backend(implementation: str, platform: str) -> str:
 
 
 def gather_attention(q, keys, values, layer, batch: PagedBatch) -> jax.Array:
-    """XLA attention over the pages in `batch.work` (one shard's arrays; see module doc)."""
+    """XLA attention over the pages in `batch.work` (one shard's arrays; see module doc).
+
+    The gathered pages stay heads-major ([Hkv, T, page, D], as the pool is), and both
+    einsums batch over (head, entry) in that order, so XLA transposes only the small
+    per-entry queries and partial outputs, never the gathered keys and values."""
     work: RaggedWork = batch.work
     rows, hq, dim = q.shape
     hkv, page_size = keys.shape[0], keys.shape[3]
     group = hq // hkv
-    k = keys[:, layer, work.pages]  # [Hkv, T, page, D]
-    v = values[:, layer, work.pages]
+    k = keys[:, layer, work.pages].astype(q.dtype)  # [Hkv, T, page, D]
+    v = values[:, layer, work.pages].astype(q.dtype)
     row = jnp.minimum(work.rows, rows - 1)
-    qt = (q * jnp.asarray(dim**-0.5, q.dtype)).reshape(rows, hkv, group, dim)[row]  # [T, Hkv, G, D]
-    scores = jnp.einsum("tkgd,ktpd->tkgp", qt, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    qt = jnp.swapaxes((q * jnp.asarray(dim**-0.5, q.dtype)).reshape(rows, hkv, group, dim), 0, 1)[:, row]  # [Hkv, T, G, D]
+    scores = jnp.einsum("ktgd,ktpd->ktgp", qt, k, preferred_element_type=jnp.float32)
     positions = work.starts[:, None] + jnp.arange(page_size, dtype=jnp.int32)[None, :]
-    visible = (positions <= batch.cached[row][:, None]) & (work.rows < rows)[:, None]  # [T, page]
-    scores = jnp.where(visible[:, None, None, :], scores, _MASKED)
+    visible = ((positions <= batch.cached[row][:, None]) & (work.rows < rows)[:, None])[None, :, None, :]  # [1, T, 1, page]
+    scores = jnp.where(visible, scores, _MASKED)
     segments = rows + 1  # the last segment collects padding entries
-    row_max = jax.ops.segment_max(jnp.max(scores, axis=-1), work.rows, segments, indices_are_sorted=True)
-    weights = jnp.where(visible[:, None, None, :], jnp.exp(scores - row_max[work.rows][..., None]), 0.0)
-    total = jax.ops.segment_sum(jnp.sum(weights, axis=-1), work.rows, segments, indices_are_sorted=True)[:rows]
-    part = jnp.einsum("tkgp,ktpd->tkgd", weights.astype(q.dtype), v.astype(q.dtype), preferred_element_type=jnp.float32)
-    acc = jax.ops.segment_sum(part, work.rows, segments, indices_are_sorted=True)[:rows]
-    out = acc / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)[..., None]
+    per_row = lambda x: jax.ops.segment_sum(x, work.rows, segments, indices_are_sorted=True)  # noqa: E731  [T, ...] -> [rows + 1, ...]
+    row_max = jax.ops.segment_max(jnp.swapaxes(jnp.max(scores, axis=-1), 0, 1), work.rows, segments, indices_are_sorted=True)
+    weights = jnp.where(visible, jnp.exp(scores - jnp.swapaxes(row_max[work.rows], 0, 1)[..., None]), 0.0)
+    total = per_row(jnp.swapaxes(jnp.sum(weights, axis=-1), 0, 1))[:rows]  # [rows, Hkv, G]
+    part = jnp.einsum("ktgp,ktpd->tkgd", weights.astype(q.dtype), v, preferred_element_type=jnp.float32)
+    out = per_row(part)[:rows] / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)[..., None]
     return out.reshape(rows, hq, dim).astype(q.dtype)
 
 

@@ -29,6 +29,17 @@ import numpy as np
 from sgs_jax.sampling.pages import PageAllocator
 
 
+def work_bucket(entries: int) -> int:
+    """Smallest size >= entries of the form 2^n or 3 * 2^n (two shapes per octave, at most
+    a third of padding)."""
+    size = 1
+    while size < entries:
+        if size >= 2 and size // 2 * 3 >= entries:
+            return size // 2 * 3
+        size *= 2
+    return size
+
+
 def pages_for(tokens, page_size: int):
     """Pages that hold `tokens` tokens (array or int)."""
     return -(-np.asarray(tokens) // page_size)
@@ -59,8 +70,8 @@ class ChunkPlan:
 
     page_table [S, max_pages] int32 and num_pages [S] int32 (0 for slots without a live row)
     go to the device; kill [S] bool: slots preempted since the last chunk; work_size:
-    ragged work-list entries per shard (a power of two >= the pages any shard's rows hold,
-    and >= 128 tokens' worth per slot or the whole shard pool, whichever is less);
+    ragged work-list entries per shard (`work_bucket` of the most pages any shard's rows
+    hold, at least 128 tokens' worth per slot or the whole shard pool, whichever is less);
     exit_new: finished slots after which the chunk returns early. slot_rows / slot_epochs
     [S]: which row (and admission) each slot served, to attribute the outputs."""
 
@@ -243,10 +254,8 @@ class SlotScheduler:
         num_pages[live] = [len(self.slot_pages[s]) for s in live]
         per_shard = num_pages.reshape(self.shards, -1).sum(axis=1)
         # Floor: 128 tokens per slot (few work-list shapes to compile while rows are short).
-        work = min(self.allocator.pages_per_shard, self.slots_per_shard * max(1, 128 // self.page_size))
-        work = 1 << max(0, int(work) - 1).bit_length()
-        while work < per_shard.max(initial=1):
-            work *= 2
+        floor = min(self.allocator.pages_per_shard, self.slots_per_shard * max(1, 128 // self.page_size))
+        work = work_bucket(max(int(per_shard.max(initial=1)), floor))
         kill, self.kill = self.kill, np.zeros(self.num_slots, bool)
         rows = self.slot_row.copy()
         epochs = np.where(rows >= 0, self.row_epoch[np.maximum(rows, 0)], -1)

@@ -15,7 +15,9 @@ setup(
     package_data={"": ["*.json", "*.txt", "*.md", "*.jsonl", "*.gz", "*.safetensors", "*.jinja"]},
     # Known-good ranges: jax, flax, orbax and transformers move fast and break each other.
     install_requires=[
-        "jax>=0.7,<0.11",
+        # jax and jaxlib pinned together: libtpu (the `tpu` extra) pairs with one jax release.
+        "jax==0.10.2",
+        "jaxlib==0.10.2",
         "flax>=0.12,<0.13",
         "optax>=0.2.5,<0.3",
         "orbax-checkpoint>=0.11,<0.13",
@@ -26,12 +28,17 @@ setup(
         "numpy>=1.26",
         "scipy>=1.11",
         "tensorboard>=2.15",
-        "ml-collections>=0.1.1",
+        "ml-collections>=1.0,<2",  # ConfigDict and config_flags (--config.FIELD=VALUE)
+        "absl-py>=1.0",  # the flags ml_collections.config_flags builds on
+        "tqdm>=4.62,<5",  # progress bars
         "matplotlib>=3.8",
     ],
     extras_require={
         # PyTorch is only the reference in parity tests and benchmarks; pinned to its CPU build.
         "test": ["pytest>=8", "torch==2.13.0"],
+        # TPU runtime, and deviceless TPU compiles on any host (sgs-plan --aot v5p:2x2x2, the
+        # AOT tests): the libtpu release that jax 0.10.2 pairs with (jax's own `tpu` extra).
+        "tpu": ["libtpu==0.0.42.*"],
     },
     entry_points={
         "console_scripts": [

@@ -19,6 +19,9 @@ def get_config() -> ConfigDict:
     c.run.checkpoint_every = 1  # save model and loop state every N iterations (resume point)
     c.run.keep_checkpoints = 2  # newest checkpoints kept on disk (>= 1; an older one is the fallback for a damaged newest)
     c.run.log_examples = 4  # kept conjectures and verified proofs (each) written to examples.jsonl per iteration (0 = none)
+    c.run.compile_cache_dir = ""  # JAX persistent compilation cache ("" = <workdir>/compile_cache, "off" = none): a resumed run loads its compiled programs
+    c.run.base_solve_rate = True  # step 0 logs base_solve_rate: the base Solver's pass@k on the targets (own seed; not trained on, not counted)
+    c.run.export_every = 0  # export the Solver as a Hugging Face checkpoint to exports/solver_iteration_N every N iterations (0 = off)
 
     c.targets = ConfigDict()
     c.targets.source = "testbed"  # testbed | file | hub
@@ -51,6 +54,12 @@ def get_config() -> ConfigDict:
     c.sampling.max_batch = 256  # concurrent sequences (slots) in the sampler
     c.sampling.kv_pool_tokens = 524_288  # KV pool capacity in tokens, shared by all slots (a full pool pauses refills)
     c.sampling.page_size = 64  # tokens per KV page (rows take pages as they grow; the k samples share prompt pages)
+    c.sampling.weights_dtype = "bfloat16"  # dtype of the weights every role samples with (trainers keep model.param_dtype masters)
+    c.sampling.weights_layout = "inference"  # inference (replicated over data/fsdp, heads/MLP/vocab over tensor: no weight all-gather in decode) | training (the trainers' FSDP layout)
+    c.sampling.keep_inference_weights = False  # keep a trainer's sampling copy until it steps (else released after each sampling phase)
+
+    c.roles = ConfigDict()
+    c.roles.offload_idle = False  # park the weights / optimizer states a phase does not use in pinned host memory
 
     c.sgs = ConfigDict()
     c.sgs.use_conjecturer = True  # False = Solver-only RL baselines
@@ -63,6 +72,7 @@ def get_config() -> ConfigDict:
     c.sgs.solver_objective = "reinforce_half"  # reinforce_half | cispo | expert_iteration
     c.sgs.token_aware_try = False  # False = plain substring `try` ban (official); True = token-aware
     c.sgs.ei_buffer_iterations = 3  # Expert Iteration: iterations of proofs kept in the buffer
+    c.sgs.check_conjecture_statement = False  # elaborate each conjecture with `sorry` first; drop (and count) ill-formed ones (off: paper)
 
     c.solver_train = _optimizer_defaults(lr=3e-6, batch_size=32)  # Solver optimiser
     c.conjecturer_train = _optimizer_defaults(lr=3e-6, batch_size=32)  # Conjecturer optimiser
@@ -88,6 +98,7 @@ def get_config() -> ConfigDict:
     c.guide.sft_lr = 1e-5  # learning rate
     c.guide.sft_batch_size = 32  # sequences per optimiser step
     c.guide.sft_micro_batch_size = 4  # sequences per micro-batch
+    c.guide.shadow_score = False  # without the Guide (sgs.use_guide False): load it anyway, log its scores as guide_shadow/*, never reward them
     return c
 
 
@@ -95,7 +106,8 @@ def _optimizer_defaults(lr: float, batch_size: int) -> ConfigDict:
     o = ConfigDict()
     o.lr = lr  # constant learning rate
     o.batch_size = batch_size  # sequences per optimiser step
-    o.micro_batch_size = 8  # sequences per micro-batch (gradient accumulation)
+    o.micro_batch_size = 8  # sequences per micro-batch (gradient accumulation); a multiple of mesh data x fsdp
+    o.min_bucket = 64  # shortest micro-batch length; lengths step x1.5 / x2 up to the role's max (one program each)
     o.b1 = 0.9  # Adam beta1
     o.b2 = 0.95  # Adam beta2
     o.eps = 1e-8  # Adam epsilon

@@ -11,5 +11,8 @@ def get_config(preset: str = "testbed"):
         preset,
         **{
             "sgs.use_guide": False,
+            # On the testbed the Guide still scores the kept conjectures (logged, never
+            # rewarded), so this ablation can be compared with SGS on the Guide's scale.
+            **({"guide.shadow_score": True} if preset == "testbed" else {}),
         },
     )

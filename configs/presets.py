@@ -21,8 +21,8 @@ def testbed(c: ConfigDict) -> None:
     # The packaged stand-ins for the prover and the Guide (python -m sgs_jax.sgs.testbed_pretrain).
     c.model.checkpoint = str(MODELS_DIR / "base")
     c.model.guide_checkpoint = str(MODELS_DIR / "guide")
-    c.sampling.solver_max_total_len = 320
-    c.sampling.conjecturer_max_new_tokens = 96
+    c.sampling.solver_max_total_len = 512  # the longest packaged target's proof fits (sgs_jax/sgs/testbed_targets.py)
+    c.sampling.conjecturer_max_new_tokens = 128
     c.sampling.guide_max_new_tokens = 128
     c.sampling.max_batch = 128
     c.sampling.kv_pool_tokens = 65_536  # 128 slots x 512: every row's worst case fits (no preemption)
@@ -50,6 +50,12 @@ def paper(c: ConfigDict) -> None:
     # MHA KV cache is 480 KiB per token in bf16: the base pool of 512K tokens (240 GiB, 30
     # GiB per chip on 8) holds 256 rows averaging 2K tokens; rows grow into it by pages.
     c.sampling.max_batch = 256
+    # One 8K sequence per device per micro-batch on 8 devices (micro-batches must split over
+    # mesh data x fsdp: on 16 chips set 16); buckets from 1K: 7 training shapes up to 8K.
+    for role in (c.solver_train, c.conjecturer_train):
+        role.micro_batch_size = 8
+        role.min_bucket = 1024
+    c.guide.sft_micro_batch_size = 8
     c.verify.backend = "lean"
     c.verify.options.timeout_s = 200.0
     c.verify.options.memory_limit_gib = 12.0

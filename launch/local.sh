@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Local launcher: builds a virtualenv on first use, then runs the main job or the tests.
-#   bash launch/local.sh sgs [CONFIG] [extra sgs-train flags]   SGS end to end (default: CPU testbed)
+#   bash launch/local.sh sgs [CONFIG] [sgs-train flags]         SGS end to end (default: CPU testbed), e.g.
+#       bash launch/local.sh sgs configs/no_guide.py:testbed --config.run.iterations=3
 #   bash launch/local.sh test [pytest args]                     the test suite (adds the `test` extra: torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,9 +11,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-# install EXTRA: the package (plus the named extra) when setup.py changed since the last
+# install EXTRAS: the package (plus the named extras) when setup.py changed since the last
 # such install (a cheap no-op otherwise). The main job needs no extra; the tests add
-# `test` (pytest and the PyTorch reference of the parity tests).
+# `test` (pytest and the PyTorch reference of the parity tests) and, on Linux x86-64 (the
+# only libtpu wheels), `tpu`, so the tests can compile for TPU topologies without a TPU.
 install() {
   local stamp="$VENV/.sgs_jax_installed${1:+_$1}"
   if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ]; then
@@ -20,12 +22,14 @@ install() {
     touch "$stamp"
   fi
 }
+test_extras=test
+if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then test_extras=test,tpu; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 cmd=${1:-sgs}
 shift || true
 case "$cmd" in
   test)
-    install test
+    install "$test_extras"
     set +e
     "$VENV/bin/python" -m pytest "$@"
     rc=$?
@@ -40,8 +44,11 @@ case "$cmd" in
       config=$1
       shift
     fi
-    # Remaining arguments go to sgs-train, e.g. --set run.iterations=3
-    exec "$VENV/bin/sgs-train" --config "$config" "$@"
+    # Compiled programs persist across runs in .cache/jax (a second run skips most of the
+    # first iteration's compiling); --config.run.compile_cache_dir=off turns this off.
+    # Remaining arguments go to sgs-train as they are, e.g. --config.run.iterations=3
+    exec "$VENV/bin/sgs-train" --config "$config" \
+      --config.run.compile_cache_dir="$PWD/.cache/jax" "$@"
     ;;
   *)
     echo "usage: bash launch/local.sh {sgs [CONFIG] [flags] | test [pytest args]}" >&2

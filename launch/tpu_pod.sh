@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run an experiment on every worker of a Cloud TPU VM pod slice.
 #   bash launch/tpu_pod.sh TPU_NAME ZONE CONFIG [sgs-train flags...]
-# e.g. bash launch/tpu_pod.sh sgs-v5p-64 us-east5-a configs/sgs.py:paper --workdir gs://bucket/runs/sgs
+# e.g. bash launch/tpu_pod.sh sgs-v5p-64 us-east5-a configs/sgs.py:paper --config.run.workdir=gs://bucket/runs/sgs
 # Every worker runs the same program; jax.distributed auto-detects the pod (no flags needed).
 # The checkout must exist at the same path on every worker (e.g. cloned by a startup script).
 set -euo pipefail

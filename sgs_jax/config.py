@@ -1,9 +1,12 @@
 """Loading, overriding, validating and recording experiment configs.
 
 A config is named `FILE.py[:PRESET]` (e.g. `configs/sgs.py:testbed`); the file's
-`get_config(preset)` returns an `ml_collections.ConfigDict`. Overrides are `a.b=value`
-strings typed like the default they replace. Bad values fail here, before any work starts:
-`validate` checks every choice, range and path and names the field.
+`get_config(preset)` returns an `ml_collections.ConfigDict`. Command lines set fields the
+way `ml_collections.config_flags` does (absl flags): `--config configs/sgs.py:testbed
+--config.run.iterations=3 --config.solver_train.lr=1e-6`, each value parsed by its field's
+type; programs write such flags with `flag_args`. Bad values fail here, before any work
+starts: an unknown field or a mistyped value names the flag, and `validate` checks every
+choice, range and path and names the field.
 
 A run records its config as `config.json` in its directory. Resuming with a different
 config is refused (`check_resume` names every differing field) unless each change is
@@ -14,8 +17,8 @@ produced or will produce; an allowed change rewrites `config.json` and is append
 
 from __future__ import annotations
 
-import ast
 import dataclasses
+import difflib
 import importlib.util
 import json
 import os
@@ -23,7 +26,8 @@ import re
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ml_collections import ConfigDict
+from absl import flags
+from ml_collections import ConfigDict, config_dict, config_flags
 
 from sgs_jax import jsonl
 
@@ -33,6 +37,8 @@ _CHOICES = {
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat_policy": ("none", "full", "dots"),
     "model.attention": ("auto", "xla", "cudnn", "splash"),
+    "sampling.weights_dtype": ("float32", "bfloat16"),
+    "sampling.weights_layout": ("inference", "training"),
     "sgs.solver_objective": ("reinforce_half", "cispo", "expert_iteration"),
     "solver_train.normalization": ("batch_tokens", "sequence"),
     "conjecturer_train.normalization": ("batch_tokens", "sequence"),
@@ -43,20 +49,29 @@ _POSITIVE = (
     "sampling.conjecturer_max_new_tokens", "sampling.guide_max_new_tokens", "sampling.max_batch",
     "sampling.kv_pool_tokens", "sampling.page_size",
     "sgs.conjectures_per_target", "sgs.proofs_per_problem", "solver_train.lr", "solver_train.batch_size",
-    "solver_train.micro_batch_size", "conjecturer_train.lr", "conjecturer_train.batch_size",
-    "conjecturer_train.micro_batch_size", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
+    "solver_train.micro_batch_size", "solver_train.min_bucket", "conjecturer_train.lr", "conjecturer_train.batch_size",
+    "conjecturer_train.micro_batch_size", "conjecturer_train.min_bucket", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
 )
-_NON_NEGATIVE = ("targets.limit", "run.log_examples")
+_NON_NEGATIVE = ("targets.limit", "run.log_examples", "run.export_every")
 # Fields a resumed run may change with --allow-config-change: they change how long the run
-# goes, how often it saves, what it keeps, how many workers verify and how the sampler
-# pages its KV cache (tokens do not depend on pool or page size), never a result.
+# goes, how often it saves or exports, what it keeps, how many workers verify and how the
+# sampler pages its KV cache (tokens do not depend on pool or page size), never a result
+# (the step-0 measurement is made only when a run starts).
 SAFE_ON_RESUME = ("run.iterations", "run.checkpoint_every", "run.keep_checkpoints", "run.log_examples",
-                  "verify.options.workers", "sampling.kv_pool_tokens", "sampling.page_size")
+                  "run.export_every", "run.base_solve_rate", "verify.options.workers",
+                  "sampling.kv_pool_tokens", "sampling.page_size")
 # Not part of a run's identity: a run directory may be moved.
 _NOT_COMPARED = ("run.workdir",)
 CONFIG_NAME = "config.json"
 CHANGES_NAME = "config_changes.jsonl"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+CONFIG_FLAG = "config"  # --config FILE.py[:PRESET], then --config.FIELD=VALUE overrides
+_OVERRIDE = re.compile(rf"^--?(?:no)?{CONFIG_FLAG}\.([^=\s]+)")
+# Free-form mappings: an override may add an entry (backend keyword options, which
+# `validate` checks against the backend's constructor).
+_FREE_FORM = ("verify.options",)
+# Retired flags -> the field their value sets (--set names its own).
+_RETIRED = {"--set": "", "--workdir": "run.workdir", "--iterations": "run.iterations"}
 
 
 class ConfigError(ValueError):
@@ -84,41 +99,126 @@ def definition_function(path: str, name: str, kind: str) -> Callable[..., Any]:
     return getattr(module, name)
 
 
-def load_config(spec: str, overrides: Sequence[str] = ()) -> ConfigDict:
-    """Load `FILE.py[:PRESET]`, apply `key=value` overrides, validate."""
+def _config_from_file(spec: str) -> ConfigDict:
+    """`get_config(PRESET)` (or `get_config()`) of the config file in `FILE.py[:PRESET]`, locked:
+    no field can be added, so an override can only set a field that exists."""
     path, _, preset = spec.partition(":")
     get_config = definition_function(path, "get_config", "config file")
     try:
         cfg = get_config(preset) if preset else get_config()
     except (KeyError, ValueError) as err:
         raise ConfigError(f"{spec}: {err}") from err
-    for item in overrides:
-        apply_override(cfg, item)
-    validate(cfg)
+    if not isinstance(cfg, ConfigDict):
+        raise ConfigError(f"{path}: get_config() returned {type(cfg).__name__}, not an ml_collections ConfigDict")
+    cfg.lock()
     return cfg
 
 
-def apply_override(cfg: ConfigDict, item: str) -> None:
-    """Set `a.b.c=value`; the value is parsed as a Python literal and must fit the default's type."""
-    key, sep, raw = item.partition("=")
-    if not sep:
-        raise ConfigError(f"override {item!r} is not of the form key=value")
-    *parents, leaf = key.strip().split(".")
-    node = cfg
-    for part in parents:
-        if part not in node:
-            raise ConfigError(f"unknown config field {key!r}")
-        node = node[part]
-    if not isinstance(node, ConfigDict) or (leaf not in node and parents[-1:] != ["options"]):
-        raise ConfigError(f"unknown config field {key!r}")
+def override_names(args: Sequence[str]) -> list[str]:
+    """The fields that `--config.FIELD[=VALUE]` flags in `args` set, in order (the rule
+    `ml_collections.config_flags` uses: `--config.a.b=1`, `--config.a.b 1`, `--noconfig.flag`)."""
+    return [m.group(1) for m in map(_OVERRIDE.match, args) if m]
+
+
+def flag_args(overrides: Sequence[tuple[str, Any]] | Mapping[str, Any]) -> list[str]:
+    """The `--config.FIELD=VALUE` flags that set each field to a Python value: the one
+    way a program writes overrides (str as is, bool as true/false, others by repr, which
+    config_flags parses back: numbers, and tuples and dicts as literals)."""
+    items = overrides.items() if isinstance(overrides, Mapping) else overrides
+    out = []
+    for key, value in items:
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = value
+        else:
+            text = repr(value)
+        out.append(f"--{CONFIG_FLAG}.{key}={text}")
+    return out
+
+
+def retired_flag_error(args: Sequence[str]) -> ConfigError | None:
+    """The error for the first retired flag in `args` (the `--set KEY=VALUE` parser and the
+    `--workdir` / `--iterations` shortcuts), naming the flag that replaces it; None if none."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name not in _RETIRED:
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if name == "--set":
+            key, _, value = value.partition("=")
+        else:
+            key = _RETIRED[name]
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]  # --set took Python literals; the new flags take plain values
+        return ConfigError(f"{name} is retired: write --{CONFIG_FLAG}.{key or 'FIELD'}={value or 'VALUE'} "
+                           "(ml_collections config flags; docs/runs.md)")
+    return None
+
+
+def _open_fields(cfg: ConfigDict, names: Sequence[str]) -> None:
+    """Check that every overridden field exists (ConfigError naming it otherwise), and add
+    the entries of free-form mappings (`verify.options`) that an override names."""
+    fields = sorted(flatten(_plain(cfg)))
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        if parent in _FREE_FORM and leaf not in _get(cfg, parent):
+            node = _get(cfg, parent)
+            node.unlock()
+            node[leaf] = config_dict.placeholder(object)  # any value (a literal, else a string); the backend checks it
+            node.lock()
+            continue
+        try:
+            _get(cfg, name)
+        except (KeyError, AttributeError, TypeError):
+            close = difflib.get_close_matches(name, fields, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"unknown config field {name!r} (flag --{CONFIG_FLAG}.{name}){hint}") from None
+
+
+def parse_config_flags(argv: Sequence[str], flag_values: flags.FlagValues | None = None) -> tuple[ConfigDict, list[str]]:
+    """Parse a command line: `--config FILE.py[:PRESET]`, its `--config.FIELD=VALUE`
+    overrides (through `ml_collections.config_flags`, each typed by its field: absl's int,
+    float, bool and string parsers) and the program's own absl flags, defined in
+    `flag_values` beforehand. argv[0] is the program name.
+
+    Returns (the validated config, the positional arguments left). Raises ConfigError,
+    naming the field or flag, for a retired flag, a missing or broken config file, an
+    unknown field, a value of the wrong type and anything `validate` rejects.
+    """
+    argv = list(argv)
+    retired = retired_flag_error(argv[1:])
+    if retired is not None:
+        raise retired
+    probe = flags.FlagValues()  # the config file first: its fields decide which overrides exist
+    flags.DEFINE_string(CONFIG_FLAG, None, "FILE.py[:PRESET]", flag_values=probe)
     try:
-        value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        value = raw  # bare strings
+        rest = probe(argv, known_only=True)
+    except flags.Error as err:
+        raise ConfigError(str(err)) from None
+    spec = probe[CONFIG_FLAG].value
+    if not spec:
+        raise ConfigError(f"--{CONFIG_FLAG} FILE.py[:PRESET] is required, e.g. --{CONFIG_FLAG} configs/sgs.py:testbed")
+    cfg = _config_from_file(spec)
+    _open_fields(cfg, override_names(rest))
+    flag_values = flags.FlagValues() if flag_values is None else flag_values
+    config_flags.DEFINE_config_dict(CONFIG_FLAG, cfg, flag_values=flag_values, sys_argv=rest, lock_config=True)
     try:
-        node[leaf] = value  # ConfigDict type-checks against the default (int -> float allowed)
-    except TypeError as err:
-        raise ConfigError(f"{key}: {err}") from None
+        positional = flag_values(rest)
+    except flags.Error as err:
+        raise ConfigError(str(err)) from None
+    validate(cfg)
+    return cfg, positional[1:]
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ConfigDict:
+    """The validated config `FILE.py[:PRESET]` with `--config.FIELD=VALUE` overrides:
+    exactly what sgs-train parses from the same flags."""
+    cfg, positional = parse_config_flags(["load_config", f"--{CONFIG_FLAG}={spec}", *overrides])
+    if positional:
+        raise ConfigError(f"{positional[0]!r} is not a --{CONFIG_FLAG}.FIELD=VALUE override")
+    return cfg
 
 
 def _check_checkpoint(key: str, value: str) -> None:
@@ -166,13 +266,13 @@ def validate(cfg: ConfigDict) -> None:
     if not cfg.model.checkpoint:
         raise ConfigError("model.checkpoint must name the base prover checkpoint (the testbed preset names the packaged one)")
     _check_checkpoint("model.checkpoint", cfg.model.checkpoint)
-    if cfg.sgs.use_guide:
+    if cfg.sgs.use_guide or cfg.guide.shadow_score:
         if cfg.model.guide_checkpoint:
             _check_checkpoint("model.guide_checkpoint", cfg.model.guide_checkpoint)
         elif cfg.guide.sft_data:
             _check_file("guide.sft_data", cfg.guide.sft_data)
         else:
-            raise ConfigError("with sgs.use_guide, set model.guide_checkpoint or guide.sft_data")
+            raise ConfigError("with sgs.use_guide or guide.shadow_score, set model.guide_checkpoint or guide.sft_data")
     if cfg.targets.source == "file":
         if not cfg.targets.path:
             raise ConfigError("targets.path is required when targets.source='file'")
@@ -210,6 +310,17 @@ def flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(value, name + "."))
         else:
             out[name] = value
+    return out
+
+
+def config_hparams(cfg) -> dict[str, bool | int | float | str]:
+    """The config as TensorBoard hparams: every field (dotted names; `run.workdir` left
+    out, it is no setting), values TensorBoard cannot hold (lists) as JSON text."""
+    out = {}
+    for name, value in flatten(_plain(cfg)).items():
+        if name in _NOT_COMPARED:
+            continue
+        out[name] = value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
     return out
 
 

@@ -14,7 +14,6 @@ skipped (its `experiment_run.json` says so); any other run is started again and
 
 from __future__ import annotations
 
-import ast
 import collections
 import dataclasses
 import json
@@ -28,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from sgs_jax.config import ConfigError, apply_override, definition_function, load_config, validate
+from sgs_jax.config import ConfigError, definition_function, flag_args, load_config, override_names
 from sgs_jax.metrics import JSONL_NAME
 
 RUNNER_FIELDS = ("run.workdir", "run.seed", "experiment")  # set by the runner for each run
@@ -79,13 +78,13 @@ class Experiment:
 
 @dataclasses.dataclass(frozen=True)
 class PlannedRun:
-    """One (entry, seed) run: its config spec, every override in order (the runner's
-    last) and the iterations it will run (for progress)."""
+    """One (entry, seed) run: its config spec, its `--config.FIELD=VALUE` flags in order
+    (the runner's last) and the iterations it will run (for progress)."""
 
     label: str
     seed: int
     config: str
-    overrides: tuple[tuple[str, Any], ...]
+    flags: tuple[str, ...]
     workdir: pathlib.Path
     iterations: int
 
@@ -105,27 +104,15 @@ class RunOutcome:
     seconds: float
 
 
-def override_args(overrides: Sequence[tuple[str, Any]]) -> list[str]:
-    """sgs-train's command-line flags for (dotted field, value) overrides. The one place
-    that knows sgs-train's override syntax (today `--set key=<Python literal>`)."""
-    return [arg for key, value in overrides for arg in ("--set", f"{key}={value!r}")]
+def override_args(overrides: Sequence[tuple[str, Any]] | Mapping[str, Any]) -> list[str]:
+    """sgs-train's `--config.FIELD=VALUE` flags for (dotted field, Python value) overrides
+    (`config.flag_args`, the one writer of sgs-train's override syntax)."""
+    return flag_args(overrides)
 
 
 def train_command(run: PlannedRun) -> list[str]:
     """The sgs-train invocation of a run, with this interpreter."""
-    return [sys.executable, "-m", "sgs_jax.cli.train", "--config", run.config, *override_args(run.overrides)]
-
-
-def parse_set(item: str) -> tuple[str, Any]:
-    """A `key=value` override from the command line, typed as sgs-train types it: a Python
-    literal, else the bare string."""
-    key, sep, raw = item.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"override {item!r} is not of the form key=value")
-    try:
-        return key.strip(), ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return key.strip(), raw
+    return [sys.executable, "-m", "sgs_jax.cli.train", "--config", run.config, *run.flags]
 
 
 def load_experiment(path: str | os.PathLike) -> Experiment:
@@ -139,16 +126,20 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
 
 def plan_runs(experiment: Experiment, experiment_dir: str | os.PathLike, root: str | os.PathLike,
               only: Sequence[str] = (), seeds: Sequence[int] = (),
-              extra: Sequence[tuple[str, Any]] = ()) -> list[PlannedRun]:
+              extra: Sequence[str] = ()) -> list[PlannedRun]:
     """Every (entry, seed) run, entries in definition order, seeds inner. only / seeds:
-    subsets (empty = all); extra: overrides after the experiment's (the command line's).
-    Each run's config is loaded and validated here, before anything starts; raises
-    ValueError (naming the run and field) otherwise."""
+    subsets (empty = all); extra: `--config.FIELD=VALUE` flags after the experiment's
+    overrides (the command line's, passed to sgs-train as written). Each run's config is
+    parsed from exactly the flags sgs-train will get and validated here, before anything
+    starts; raises ValueError (naming the run and the field) otherwise."""
     labels = [e.label for e in experiment.entries]
     unknown = sorted(set(only) - set(labels))
     if unknown:
         raise ValueError(f"unknown entries {unknown}; {experiment.name} has {labels}")
-    owned = sorted({key for key, _ in extra} & set(RUNNER_FIELDS))
+    not_flags = [arg for arg in extra if not override_names([arg])]
+    if not_flags:
+        raise ValueError(f"{not_flags[0]!r} is not a --config.FIELD=VALUE flag")
+    owned = sorted(set(override_names(extra)) & set(RUNNER_FIELDS))
     if owned:
         raise ValueError(f"{', '.join(owned)} is set by the runner for each run")
     runs = []
@@ -159,16 +150,14 @@ def plan_runs(experiment: Experiment, experiment_dir: str | os.PathLike, root: s
         config = str(pathlib.Path(experiment_dir, file).resolve()) + sep + preset
         for seed in seeds or experiment.seeds:
             workdir = pathlib.Path(root, experiment.name, f"{entry.label}_seed{seed}").resolve()
-            overrides = (tuple(experiment.overrides.items()) + tuple(entry.overrides.items()) + tuple(extra)
-                         + (("run.workdir", str(workdir)), ("run.seed", int(seed)), ("experiment", entry.label)))
+            runner = (("run.workdir", str(workdir)), ("run.seed", int(seed)), ("experiment", entry.label))
+            flags = (*override_args(experiment.overrides), *override_args(entry.overrides), *extra,
+                     *override_args(runner))
             try:
-                cfg = load_config(config)
-                for key, value in overrides:
-                    apply_override(cfg, f"{key}={value!r}")
-                validate(cfg)
+                cfg = load_config(config, flags)
             except ConfigError as err:
                 raise ValueError(f"{entry.label} seed {seed}: {err}") from None
-            runs.append(PlannedRun(entry.label, int(seed), config, overrides, workdir, int(cfg.run.iterations)))
+            runs.append(PlannedRun(entry.label, int(seed), config, flags, workdir, int(cfg.run.iterations)))
     return runs
 
 

@@ -10,6 +10,8 @@ points, in the order one iteration reaches them:
   checkpoint    the checkpoint's files are written into orbax's temporary directory, which
                 is not yet renamed into place (a kill here is a kill mid-checkpoint)
   side_files    the checkpoint has committed; targets_state.json is about to be written
+  export        a Hugging Face export (run.export_every, sgs-export) is written to its
+                staging directory, not yet renamed into place (a kill mid-export)
 
 `SGS_FAULT_AT=<point>[:<action>]` makes the process fail each time it reaches `point`:
 
@@ -30,7 +32,7 @@ import os
 import signal
 
 ENV = "SGS_FAULT_AT"
-POINTS = ("sampling", "verification", "training", "logs", "checkpoint", "side_files")
+POINTS = ("sampling", "verification", "training", "logs", "checkpoint", "side_files", "export")
 ACTIONS = ("kill", "term", "int", "raise", "enospc", "erofs")
 
 

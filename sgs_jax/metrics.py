@@ -11,6 +11,11 @@ files are rebuilt from the kept records, so every reader sees each step exactly 
 
 JSONL lines: {"step": int, "time": unix seconds, "scalars": {name: float}} or
 {"step": int, "time": unix seconds, "histogram": name, "values": [float, ...]}.
+
+Two kinds of TensorBoard data are derived from other records and written to the event
+files only: the run's config as hparams (`write_hparams`, from config.json, at every start,
+so runs line up in TensorBoard's HParams table) and text summaries (`write_text`: the run
+writes its examples.jsonl records, and writes the kept ones again after a rebuild).
 """
 
 from __future__ import annotations
@@ -30,13 +35,35 @@ from sgs_jax import jsonl
 # --- Canonical metric names (SPEC Section 9). Scalars unless marked histogram. ---
 GENERATIONS = "generations"  # cumulative generation count (SPEC 4.10)
 CUMULATIVE_SOLVE_RATE = "cumulative_solve_rate"  # solved targets / |D|, in [0, 1]
+BASE_SOLVE_RATE = "base_solve_rate"  # step 0: targets the base Solver solves (pass@k) before training / |D|
 ITERATION_SOLVE_RATE = "iteration_solve_rate"  # targets solved (pass@k) this iteration / |D|
+# Per target group of the target records (`TargetSet.groups`): the same rates over the
+# group's targets only. "hard" is the hard split; "band/<name>" a difficulty band.
+HARD_GROUP = "hard"
+BAND_GROUP_PREFIX = "band/"
+CUMULATIVE_SOLVE_RATE_HARD = "cumulative_solve_rate/hard"
+ITERATION_SOLVE_RATE_HARD = "iteration_solve_rate/hard"
+CUMULATIVE_SOLVE_RATE_BAND = "cumulative_solve_rate/band/"  # + band name, e.g. .../band/high
 TOKENS_GENERATED = "tokens_generated"  # cumulative generated tokens
 CONJECTURE_DISJUNCTIVE_FRACTION = "conjectures/disjunctive_fraction"
 CONJECTURE_MEAN_CONCLUSION_LENGTH = "conjectures/mean_conclusion_length"  # characters
 CONJECTURE_MEAN_CLAUSES = "conjectures/mean_clauses"
 CONJECTURE_MALFORMED = "conjectures/malformed"  # count this iteration
-CONJECTURE_KEPT = "conjectures/kept"  # count kept for Conjecturer training
+CONJECTURE_KEPT = "conjectures/kept"  # count rewarded (p70 rule: 0 < s <= p70): the Conjecturer's training samples
+CONJECTURE_ILL_FORMED = "conjectures/ill_formed"  # count dropped by the statement check
+CONJECTURE_STATEMENT_CHECK_ERRORS = "conjectures/statement_check_errors"  # checks that ended in a system error or timeout (kept)
+# Exact statement facts (testbed only, `sgs_jax.testbed.hacks`) over this iteration's
+# conjectures after extraction and dedup: well-formed over all, the rest over the
+# well-formed ones. The hack fractions are what the Guide is meant to hold down.
+CONJECTURE_WELL_FORMED_FRACTION = "conjectures/well_formed_fraction"
+CONJECTURE_TRUE_FRACTION = "conjectures/true_fraction"
+CONJECTURE_EASY_DISJUNCT_FRACTION = "conjectures/hack/easy_disjunct_fraction"  # a disjunct already follows
+CONJECTURE_CONCLUSION_IN_PREMISES_FRACTION = "conjectures/hack/conclusion_in_premises_fraction"  # the claim is given
+CONJECTURE_REDUNDANT_PREMISE_FRACTION = "conjectures/hack/redundant_premise_fraction"  # a hypothesis is not needed
+# The same hack fractions of the target set itself (step 0): each one's baseline.
+TARGET_EASY_DISJUNCT_FRACTION = "targets/hack/easy_disjunct_fraction"
+TARGET_CONCLUSION_IN_PREMISES_FRACTION = "targets/hack/conclusion_in_premises_fraction"
+TARGET_REDUNDANT_PREMISE_FRACTION = "targets/hack/redundant_premise_fraction"
 TARGET_DISJUNCTIVE_FRACTION = "targets/disjunctive_fraction"  # baseline of the target set
 TARGET_MEAN_CONCLUSION_LENGTH = "targets/mean_conclusion_length"  # characters
 SYNTHETIC_SOLVE_RATE = "synthetic_solve_rate"  # histogram of conjectures' solve rates
@@ -51,10 +78,23 @@ GUIDE_PARSE_FAILURES = "guide/parse_failures"  # count this iteration
 GUIDE_RELEVANCE = "guide/relevance"  # mean sub-scores over parsed outputs
 GUIDE_REDUNDANCY = "guide/redundancy"
 GUIDE_CONCLUSION_COMPLEXITY = "guide/conclusion_complexity"
+GUIDE_SCORE = "guide/score"  # mean Eq. 3 raw score (0..8) over parsed outputs
+# Shadow Guide (`guide.shadow_score`, runs without the Guide): the same means of the
+# Guide's scores of the kept conjectures, logged and never rewarded.
+GUIDE_SHADOW_PARSE_FAILURES = "guide_shadow/parse_failures"
+GUIDE_SHADOW_RELEVANCE = "guide_shadow/relevance"
+GUIDE_SHADOW_REDUNDANCY = "guide_shadow/redundancy"
+GUIDE_SHADOW_CONCLUSION_COMPLEXITY = "guide_shadow/conclusion_complexity"
+GUIDE_SHADOW_SCORE = "guide_shadow/score"
 VERIFY_SYSTEM_ERROR_RATE = "verify/system_error_rate"  # system errors / verifications
 VERIFY_TIMEOUTS = "verify/timeouts"  # count this iteration
 VERIFY_SECONDS = "verify/seconds"  # wall-clock seconds spent verifying this iteration
 GENERATIONS_PER_SECOND = "throughput/generations_per_second"
+
+# The metrics TensorBoard's HParams table shows beside each run's config (the hard split
+# where the target set has one).
+HPARAMS_METRICS = (CUMULATIVE_SOLVE_RATE, f"{CUMULATIVE_SOLVE_RATE}/hard", ITERATION_SOLVE_RATE, BASE_SOLVE_RATE,
+                   GENERATIONS, SOLVER_ENTROPY, CONJECTURE_DISJUNCTIVE_FRACTION)
 
 JSONL_NAME = "metrics.jsonl"
 EVENT_FILE_PREFIX = "events.out.tfevents."
@@ -129,25 +169,23 @@ class MetricsWriter:
         self.run_dir = pathlib.Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / JSONL_NAME
+        kept = []
         if truncate_after is not None:
             jsonl.truncate_records(path, lambda r: isinstance(r.get("step"), int) and r["step"] <= truncate_after)
-            self._rebuild_events(jsonl.read_records(path)[0])
+            kept = jsonl.read_records(path)[0]
+            for old in self.run_dir.glob(EVENT_FILE_PREFIX + "*"):
+                old.unlink()
         self._jsonl = jsonl.Appender(path, sync=True)
+        # One event file: the kept records first, then what this writer adds. (Two files made
+        # in the same second sort by a per-process counter as text, "10" before "9", and
+        # TensorBoard reads files in name order: a later file must not hold earlier steps.)
         self._events = EventFileWriter(str(self.run_dir))
-        self._closed = False
-
-    def _rebuild_events(self, records: list[dict]) -> None:
-        """Replace this folder's event files by one holding exactly `records`."""
-        for old in self.run_dir.glob(EVENT_FILE_PREFIX + "*"):
-            old.unlink()
-        if not records:
-            return
-        writer = EventFileWriter(str(self.run_dir))
-        for record in records:
+        for record in kept:
             event = _record_event(record)
             if event is not None:
-                writer.add_event(event)
-        writer.close()
+                self._events.add_event(event)
+        self._events.flush()
+        self._closed = False
 
     def __enter__(self) -> "MetricsWriter":
         return self
@@ -184,6 +222,32 @@ class MetricsWriter:
         now = time.time()
         self._write({"step": step, "time": now, "histogram": name, "values": v.tolist()},
                     _histogram_event(step, now, name, v))
+
+    def write_hparams(self, hparams: Mapping[str, bool | int | float | str], metrics: Sequence[str] = HPARAMS_METRICS) -> None:
+        """Record the run's settings as TensorBoard hparams (event files only) at step 0:
+        the experiment's columns (every name in `hparams`, and `metrics`) and this run's values."""
+        from tensorboard.plugins.hparams import summary_v2 as hp
+
+        if self._closed:
+            raise ValueError("MetricsWriter is closed")
+        now = time.time()
+        columns = hp.hparams_config_pb([hp.HParam(name) for name in sorted(hparams)], [hp.Metric(m) for m in metrics],
+                                       time_created_secs=now)
+        for summary in (columns, hp.hparams_pb(dict(hparams), start_time_secs=now)):
+            self._events.add_event(event_pb2.Event(wall_time=now, step=0, summary=summary))
+        self._events.flush()
+
+    def write_text(self, step: int, texts: Mapping[str, str]) -> None:
+        """Record Markdown texts ({tag: text}) at `step` as TensorBoard text summaries (event files only)."""
+        from tensorboard.plugins.text import summary_v2 as text_summary
+
+        step = _checked_step(step)
+        if self._closed:
+            raise ValueError("MetricsWriter is closed")
+        now = time.time()
+        for tag, text in texts.items():
+            self._events.add_event(event_pb2.Event(wall_time=now, step=step, summary=text_summary.text_pb(tag, text)))
+        self._events.flush()
 
     def _write(self, record: dict, event) -> None:
         if self._closed:

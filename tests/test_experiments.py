@@ -7,8 +7,7 @@ import pytest
 
 from sgs_jax import experiments as ex
 from sgs_jax.cli import experiments as cli
-from sgs_jax.cli.train import build_parser as train_parser
-from sgs_jax.config import load_config
+from sgs_jax.config import load_config, parse_config_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FINDINGS = ROOT / "configs" / "experiments" / "findings.py"
@@ -44,14 +43,18 @@ def test_findings_plan_paths_order_and_subsets(tmp_path):
     assert runs[0].config == f"{ROOT / 'configs' / 'sgs.py'}:testbed"
     assert runs[0].iterations == load_config(f"{ROOT}/configs/sgs.py:testbed").run.iterations
     subset = ex.plan_runs(experiment, FINDINGS.parent, tmp_path, only=["no_guide"], seeds=[7],
-                          extra=[("run.iterations", 2)])
+                          extra=["--config.run.iterations=2"])
     assert [(r.name, r.iterations) for r in subset] == [("no_guide_seed7", 2)]
     with pytest.raises(ValueError, match="unknown entries"):
         ex.plan_runs(experiment, FINDINGS.parent, tmp_path, only=["nope"])
     with pytest.raises(ValueError, match="sgs seed 1: unknown config field 'run.nope'"):
-        ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=[("run.nope", 1)])
+        ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=["--config.run.nope=1"])
+    with pytest.raises(ValueError, match="sgs seed 1: flag --config.run.iterations=x: invalid literal"):
+        ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=["--config.run.iterations=x"])
     with pytest.raises(ValueError, match="experiment is set by the runner"):
-        ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=[("experiment", "x")])
+        ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=["--config.experiment=x"])
+    with pytest.raises(ValueError, match="'run.iterations=2' is not a --config.FIELD=VALUE flag"):
+        ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=["run.iterations=2"])
 
 
 def test_the_command_gives_sgs_train_exactly_the_planned_config(tmp_path):
@@ -59,16 +62,15 @@ def test_the_command_gives_sgs_train_exactly_the_planned_config(tmp_path):
     experiment = _experiment(overrides={"sampling.temperature": 0.5})
     prompt = tmp_path / "it's a path.txt"  # quoting; the file must exist (sgs_jax.config.validate)
     prompt.write_text("{statement}", encoding="utf-8")
-    extra = [ex.parse_set(item) for item in ("run.iterations=4", f"prompts.solver={prompt}", "sgs.use_guide=False")]
+    extra = ["--config.run.iterations=4", f"--config.prompts.solver={prompt}", "--config.sgs.use_guide=false"]
     (run,) = ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=extra)
-    args = train_parser().parse_args(ex.train_command(run)[3:])  # after "python -m sgs_jax.cli.train"
-    cfg = load_config(args.config, args.set)
+    command = ex.train_command(run)
+    assert command[1:3] == ["-m", "sgs_jax.cli.train"]
+    cfg, positional = parse_config_flags(["sgs-train", *command[3:]])  # what sgs-train parses
+    assert positional == []
     assert (cfg.run.workdir, cfg.run.seed, cfg.experiment) == (str(tmp_path / "exp" / "sgs_seed1"), 1, "sgs")
     assert (cfg.run.iterations, cfg.sampling.temperature, cfg.sgs.use_guide) == (4, 0.5, False)
     assert cfg.prompts.solver == str(prompt)
-    assert ex.parse_set("a.b= 3") == ("a.b", 3)
-    with pytest.raises(ValueError, match="key=value"):
-        ex.parse_set("novalue")
 
 
 def test_finish_record_and_completed_iterations(tmp_path):
@@ -77,7 +79,7 @@ def test_finish_record_and_completed_iterations(tmp_path):
     run.workdir.mkdir(parents=True)
     ex._write_record(run, 1.0)
     assert ex.is_finished(run)
-    (changed,) = ex.plan_runs(_experiment(), FINDINGS.parent, tmp_path, extra=[("run.iterations", 99)])
+    (changed,) = ex.plan_runs(_experiment(), FINDINGS.parent, tmp_path, extra=["--config.run.iterations=99"])
     assert not ex.is_finished(changed)  # another command: started again (sgs-train resumes it)
     with open(run.workdir / "metrics.jsonl", "w") as f:
         f.write('{"step": 0, "scalars": {}}\n{"step": 3, "histogram": "h", "values": []}\n{"step": 4, "sca')
@@ -88,9 +90,11 @@ def test_cli_dry_run_and_bad_input(tmp_path, capsys):
     assert cli.main([str(FINDINGS), "--root", str(tmp_path), "--dry-run", "--only", "sgs", "--seeds", "4"]) == 0
     (line,) = capsys.readouterr().out.splitlines()
     assert shlex.split(line)[1:5] == ["-m", "sgs_jax.cli.train", "--config", f"{ROOT}/configs/sgs.py:testbed"]
-    assert f"run.workdir='{tmp_path}/findings/sgs_seed4'" in shlex.split(line)
-    for bad, message in ((["--set", "run.iterations=x"], "run.iterations"), (["--jobs", "0"], "--jobs"),
-                         (["--only", "nope"], "unknown entries")):
+    assert f"--config.run.workdir={tmp_path}/findings/sgs_seed4" in shlex.split(line)
+    for bad, message in ((["--config.run.iterations=x"], "--config.run.iterations=x: invalid literal"),
+                         (["--set", "run.iterations=2"], "--set is retired: write --config.run.iterations=2"),
+                         (["--config.run.iterations", "2"], "write --config.run.iterations=VALUE (with =)"),
+                         (["--jobs", "0"], "--jobs"), (["--only", "nope"], "unknown entries")):
         assert cli.main([str(FINDINGS), "--root", str(tmp_path)] + bad) == 2
         assert message in capsys.readouterr().err
     assert cli.main([str(tmp_path / "none.py")]) == 2 and "not found" in capsys.readouterr().err

@@ -19,10 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_one_iteration_of_the_main_job_without_torch(tmp_path):
-    overrides = small_run_overrides(MODELS_DIR, tmp_path / "run") + ["targets.limit=2", "run.iterations=1"]
-    argv = ["--config", str(CONFIGS / "sgs.py:testbed")]
-    for item in overrides:
-        argv += ["--set", item]
+    overrides = small_run_overrides(MODELS_DIR, tmp_path / "run") + ["--config.targets.limit=2", "--config.run.iterations=1"]
+    argv = ["--config", str(CONFIGS / "sgs.py:testbed"), *overrides]
     script = textwrap.dedent(f"""
         import sys
         sys.modules["torch"] = None  # what a missing package looks like to importlib

@@ -1,10 +1,12 @@
 """`sgs-experiments`: run an experiment's configs x seeds, then (optionally) its report.
 
   sgs-experiments configs/experiments/findings.py --jobs 2 --report reports/findings
-  sgs-experiments configs/experiments/findings.py --only sgs,rl_baseline --seeds 1 --set run.iterations=2
+  sgs-experiments configs/experiments/findings.py --only sgs,rl_baseline --seeds 1 --config.run.iterations=2
   sgs-experiments configs/experiments/findings.py --dry-run        # print the sgs-train commands
 
-Each run is `ROOT/<experiment>/<label>_seed<seed>/` (its sgs-train output in train.log).
+`--config.FIELD=VALUE` flags (written with `=`) go to every run's sgs-train command as
+they are, after the experiment's own overrides. Each run is
+`ROOT/<experiment>/<label>_seed<seed>/` (its sgs-train output in train.log).
 Rerunning the same command continues: finished runs are skipped, the others resume.
 Exit status: 0 when every run finished, 1 when one failed, 2 for a bad experiment or
 override (nothing is started then), 130 when stopped by SIGTERM or Ctrl-C.
@@ -17,7 +19,8 @@ import pathlib
 import shlex
 import sys
 
-from sgs_jax.experiments import load_experiment, parse_set, plan_runs, run_experiment, train_command
+from sgs_jax.config import override_names, retired_flag_error
+from sgs_jax.experiments import load_experiment, plan_runs, run_experiment, train_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,22 +31,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="runs at a time, each its own process (default %(default)s)")
     p.add_argument("--only", default="", help="comma-separated entry labels to run (default: all)")
     p.add_argument("--seeds", default="", help="comma-separated seeds to run (default: the experiment's)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field of every run (repeatable; typed as sgs-train --set)")
     p.add_argument("--report", metavar="OUT", help="when every run finished, write sgs-report's report to OUT")
     p.add_argument("--dry-run", action="store_true", help="print each run's sgs-train command and exit")
     return p
 
 
+def split_config_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the runner's own arguments, the `--config.FIELD=VALUE` flags for every run).
+    Raises ValueError for a retired flag and for an override not written with `=` (its
+    value would be taken for the runner's)."""
+    retired = retired_flag_error(argv)
+    if retired is not None:
+        raise ValueError(str(retired))
+    own, config_flags = [], []
+    for arg in argv:
+        if override_names([arg]):
+            if "=" not in arg and not arg.startswith(("--no", "-no")):
+                raise ValueError(f"write {arg}=VALUE (with =)")
+            config_flags.append(arg)
+        else:
+            own.append(arg)
+    return own, config_flags
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        own, config_flags = split_config_flags(argv)
+    except ValueError as err:
+        print(f"sgs-experiments: {err}", file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(own)
     try:
         path = pathlib.Path(args.experiment)
         experiment = load_experiment(path)
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         only = [s.strip() for s in args.only.split(",") if s.strip()]
         runs = plan_runs(experiment, path.parent, args.root, only=only, seeds=seeds,
-                         extra=[parse_set(item) for item in args.set])
+                         extra=config_flags)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     except ValueError as err:

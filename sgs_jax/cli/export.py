@@ -9,15 +9,15 @@ re-saved). `--iteration N` is the checkpoint after N completed iterations (0 = t
 weights; default: the newest). The output is a standard `LlamaForCausalLM` directory
 (config.json, safetensors, tokenizer files with the chat template) that
 `transformers.AutoModelForCausalLM.from_pretrained` and vLLM load, and that `sgs-eval
---checkpoint`, `sgs-generate` and `model.checkpoint` take.
+--checkpoint`, `sgs-generate` and `model.checkpoint` take. It is written beside OUT and
+renamed into place when complete: a killed export never leaves a half checkpoint in OUT.
+A run can also export its Solver as it goes (`run.export_every`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 
 import jax
@@ -28,9 +28,7 @@ from sgs_jax.checkpoint import CheckpointRestoreError
 from sgs_jax.models import Llama, abstract_model
 from sgs_jax.models.hf_io import CheckpointError
 from sgs_jax.models.tokenizer import TokenizerError
-from sgs_jax.sgs.saved_roles import ROLES, RunDirError, load_role, load_run_config
-
-EXPORT_INFO = "sgs_export.json"  # what was exported, written next to the weights
+from sgs_jax.sgs.saved_roles import ROLES, RunDirError, check_export_dir, export_record, load_role, load_run_config, write_export
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="solver", choices=ROLES, help="which role's weights")
     p.add_argument("--iteration", type=int, help="after this many iterations (0 = starting weights; default: newest checkpoint)")
     p.add_argument("--out", required=True, help="output directory (created; must be empty unless --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out (its weight files are removed first)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out (the whole directory)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="stored dtype of the export (default: the run's param_dtype)")
     p.add_argument("--max-shard-gib", type=float, default=4.0, help="largest safetensors file before sharding")
     p.add_argument("--log-level", default="WARNING", help="Python logging level")
@@ -56,45 +54,23 @@ def cast_model(model: Llama, dtype: str) -> Llama:
     return nnx.merge(graphdef, state)
 
 
-def _prepare_out(out: str, overwrite: bool) -> None:
-    """Refuse a non-empty `out` unless `overwrite`; then drop old weight files, so a
-    smaller export never sits beside the shards or index of a larger one."""
-    if not os.path.isdir(out) or not os.listdir(out):
-        return
-    if not overwrite:
-        raise ValueError(f"{out} is not empty; pass --overwrite to replace what is there")
-    for name in os.listdir(out):
-        if name.endswith(".safetensors") or name == "model.safetensors.index.json":
-            os.remove(os.path.join(out, name))
-
-
 def export(args: argparse.Namespace) -> dict:
     """Restore, optionally cast, save; returns the export record (also written to OUT)."""
-    from sgs_jax.models import save_hf
     from sgs_jax.parallel.mesh import mesh_from_config
     from sgs_jax.sgs import bootstrap
 
     cfg = load_run_config(args.run)
     if args.max_shard_gib <= 0:
         raise ValueError(f"--max-shard-gib must be positive, got {args.max_shard_gib}")
-    _prepare_out(args.out, args.overwrite)
+    check_export_dir(args.out, args.overwrite)  # before the restore: a refusal costs nothing
     mesh = mesh_from_config(cfg.mesh)
     tokenizer = bootstrap.load_role_tokenizer(cfg)
     model, iteration = load_role(args.run, args.role, args.iteration, mesh)
     if args.dtype and args.dtype != model.config.param_dtype:
         model = cast_model(model, args.dtype)
-    save_hf(model, args.out, max_shard_bytes=int(args.max_shard_gib * (1 << 30)), tokenizer=tokenizer)
-    record = {
-        "run": os.path.abspath(args.run),
-        "experiment": cfg.experiment,
-        "role": args.role,
-        "iteration": iteration,
-        "dtype": model.config.param_dtype,
-        "base_checkpoint": cfg.model.checkpoint,
-    }
-    if jax.process_index() == 0:
-        with open(os.path.join(args.out, EXPORT_INFO), "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
+    record = export_record(cfg, args.run, args.role, iteration, model.config.param_dtype)
+    write_export(model, tokenizer, args.out, record, max_shard_bytes=int(args.max_shard_gib * (1 << 30)),
+                 overwrite=args.overwrite)
     return record
 
 

@@ -1,14 +1,20 @@
 """`sgs-train`: run SGS (or an ablation) end to end from a config.
 
   sgs-train --config configs/sgs.py:testbed                 # CPU testbed, minutes
-  sgs-train --config configs/sgs.py:paper --workdir /data/runs/sgs_paper
-  sgs-train --config configs/no_guide.py:testbed --set run.iterations=3 --set sgs.proofs_per_problem=4
+  sgs-train --config configs/sgs.py:paper --config.run.workdir=/data/runs/sgs_paper
+  sgs-train --config configs/no_guide.py:testbed --config.run.iterations=3 --config.sgs.proofs_per_problem=4
+
+Flags are absl flags; `--config FILE.py[:PRESET]` and its `--config.FIELD=VALUE`
+overrides are ml_collections config flags: each value is parsed by its field's type
+(`--config.sgs.use_guide=false`, `--config.verify.options.url=http://host:8000`), an
+unknown field or a mistyped value is refused with its name, and the whole config is
+validated before any work. The resolved config is written to the run directory.
 
 Rerunning the same command resumes from the last good checkpoint (docs/runs.md). A run
 directory keeps its config: resuming with a different one is refused, naming each
 differing field, unless the change is allowed, e.g. to extend a run:
 
-  sgs-train --config configs/sgs.py:testbed --iterations 20 --allow-config-change run.iterations
+  sgs-train --config configs/sgs.py:testbed --config.run.iterations=20 --allow-config-change run.iterations
 
 Exit status: 0 done, 1 a run error (disk full, diverged weights, no restorable
 checkpoint, verifier unavailable; one line on stderr), 2 a bad or changed config (nothing created on disk),
@@ -17,30 +23,36 @@ checkpoint, verifier unavailable; one line on stderr), 2 a bad or changed config
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
 
-from sgs_jax.config import ConfigError, apply_override, load_config, validate
+from absl import flags
+
+from sgs_jax.config import ConfigError, parse_config_flags
+from sgs_jax.sgs.progress import MODES, RunProgress
 
 PROG = "sgs-train"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="FILE.py[:PRESET], e.g. configs/sgs.py:testbed")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
-    p.add_argument("--workdir", help="run directory (overrides run.workdir)")
-    p.add_argument("--iterations", type=int, help="total iterations (overrides run.iterations)")
-    p.add_argument("--allow-config-change", default="", metavar="FIELD,...",
-                   help="fields that may differ from the run directory's recorded config when resuming "
-                        "(only ones that change no result, e.g. run.iterations)")
-    p.add_argument("--coordinator", help="multi-process: coordinator address host:port")
-    p.add_argument("--num-processes", type=int, help="multi-process: number of processes")
-    p.add_argument("--process-id", type=int, help="multi-process: this process's index")
-    p.add_argument("--log-level", default="WARNING", help="Python logging level")
-    return p
+def define_flags(flag_values: flags.FlagValues) -> None:
+    """sgs-train's own flags (the config flags come with `parse_config_flags`)."""
+    flags.DEFINE_string("allow-config-change", "", "fields that may differ from the run directory's recorded config "
+                        "when resuming, comma-separated (only ones that change no result, e.g. run.iterations)",
+                        flag_values=flag_values)
+    flags.DEFINE_enum("progress", "auto", MODES, "phase bars (bar), plain lines (lines), nothing (off), or auto: "
+                      "bars on a terminal, lines otherwise", flag_values=flag_values)
+    flags.DEFINE_string("coordinator", None, "multi-process: coordinator address host:port", flag_values=flag_values)
+    flags.DEFINE_integer("num-processes", None, "multi-process: number of processes", flag_values=flag_values)
+    flags.DEFINE_integer("process-id", None, "multi-process: this process's index", flag_values=flag_values)
+    flags.DEFINE_string("log-level", "WARNING", "Python logging level", flag_values=flag_values)
+    flags.DEFINE_boolean("help", False, "show this help and exit", short_name="h", flag_values=flag_values)
+
+
+def usage() -> str:
+    own = flags.FlagValues()
+    define_flags(own)
+    return f"{__doc__}\nflags:\n  --config: FILE.py[:PRESET], then --config.FIELD=VALUE for any field\n{own.get_help()}"
 
 
 def _fail(message: str, code: int) -> int:
@@ -49,33 +61,36 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    allow = [f.strip() for f in args.allow_config_change.split(",") if f.strip()]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(arg in ("-h", "--help", "-help") for arg in argv):
+        print(usage())
+        return 0
+    fv = flags.FlagValues()
+    define_flags(fv)
     try:
-        cfg = load_config(args.config, args.set)
-        if args.workdir:
-            apply_override(cfg, f"run.workdir={args.workdir!r}")
-        if args.iterations is not None:
-            apply_override(cfg, f"run.iterations={args.iterations}")
-        validate(cfg)
+        cfg, positional = parse_config_flags([PROG, *argv], fv)
+        if positional:
+            raise ConfigError(f"unexpected argument {positional[0]!r} (flags are --name=value)")
     except ConfigError as err:
         return _fail(str(err), 2)
+    logging.basicConfig(level=fv["log-level"].value.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    allow = [f.strip() for f in fv["allow-config-change"].value.split(",") if f.strip()]
     from sgs_jax.parallel import maybe_initialize_distributed
 
-    maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    maybe_initialize_distributed(fv["coordinator"].value, fv["num-processes"].value, fv["process-id"].value)
     from sgs_jax.checkpoint import CheckpointRestoreError, NonFiniteWeightsError, storage_errno
     from sgs_jax.sgs.run import SGSRun
     from sgs_jax.sgs.stopping import GracefulStop, StopRequested
     from sgs_jax.verify import VerifierUnavailable
 
-    print(f"[sgs] {cfg.experiment}: {args.config}, run directory {cfg.run.workdir}", flush=True)
+    print(f"[sgs] {cfg.experiment}: run directory {cfg.run.workdir}", flush=True)
     run = None
+    progress = RunProgress(fv["progress"].value)
     resume_hint = "rerun the same command to resume"
     stop = GracefulStop(where=lambda: run.resume_point() if run is not None else resume_hint, prog=PROG)
     with stop:
         try:
-            run = SGSRun(cfg, allow_config_change=allow, stop=stop)
+            run = SGSRun(cfg, allow_config_change=allow, stop=stop, progress=progress)
             summary = run.run()
         except StopRequested as err:
             if run is None:
@@ -97,6 +112,7 @@ def main(argv=None) -> int:
         finally:
             if run is not None:
                 run.close()
+            progress.close()
     print(json.dumps(summary, indent=2))
     return 0
 

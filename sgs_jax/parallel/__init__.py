@@ -3,19 +3,25 @@
 from sgs_jax.parallel.distributed import maybe_initialize_distributed
 from sgs_jax.parallel.mesh import MESH_AXES, make_mesh, mesh_from_config, resolve_mesh_shape
 from sgs_jax.parallel.rules import (
+    INFERENCE_RULES,
+    LAYOUTS,
     RULES,
     activation_sharding,
     constrain,
+    layout_rules,
     logical_to_spec,
     named_sharding,
     state_shardings,
 )
 
 __all__ = [
+    "INFERENCE_RULES",
+    "LAYOUTS",
     "MESH_AXES",
     "RULES",
     "activation_sharding",
     "constrain",
+    "layout_rules",
     "logical_to_spec",
     "make_mesh",
     "maybe_initialize_distributed",

@@ -1,15 +1,32 @@
-"""Device mesh construction: axes `data`, `fsdp`, `tensor`."""
+"""Device mesh construction: axes `data`, `fsdp`, `tensor`, in the hardware's device order.
+
+Device order matters on TPUs and multi-node GPU clusters: neighbouring positions on the
+`tensor` and `fsdp` axes should be neighbouring chips (ICI / NVLink), and only the outer
+axis should cross slices or hosts (DCN). `device_grid` uses JAX's `mesh_utils`:
+  - one TPU slice (any number of hosts): `create_device_mesh` (physical torus order);
+  - several TPU slices: `create_hybrid_device_mesh`, slices over `data` (else `fsdp`);
+  - several GPU (or CPU) processes: `create_hybrid_device_mesh` with each process as a
+    granule, processes over `data` (else `fsdp`);
+  - one process of GPUs: `create_device_mesh` (device-id order).
+Row-major order is used only where no topology exists (simulated CPU devices, one device)
+or where `mesh_utils` cannot place the requested devices (an irregular subset of a slice),
+and then it is logged.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
 MESH_AXES = ("data", "fsdp", "tensor")
+
+log = logging.getLogger(__name__)
 
 
 def resolve_mesh_shape(data: int = 1, fsdp: int = -1, tensor: int = 1, num_devices: int | None = None) -> tuple[int, int, int]:
@@ -30,22 +47,64 @@ def resolve_mesh_shape(data: int = 1, fsdp: int = -1, tensor: int = 1, num_devic
     return tuple(sizes)
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default: all devices).
+def _granules(devices: Sequence[jax.Device]) -> tuple[str | None, int]:
+    """('slice_index' | 'process_index' | None, count): what divides `devices` into DCN
+    granules (TPU slices, or processes of GPUs / CPUs), if more than one."""
+    if devices[0].platform == "tpu":
+        slices = {getattr(d, "slice_index", 0) for d in devices}
+        return ("slice_index", len(slices)) if len(slices) > 1 else (None, 1)
+    processes = {d.process_index for d in devices}
+    return ("process_index", len(processes)) if len(processes) > 1 else (None, 1)
 
-    `tensor` is the fastest-varying axis so tensor-parallel groups sit on neighbouring
-    devices (the fastest links on TPU slices and GPU nodes).
-    """
+
+def _dcn_split(shape: tuple[int, int, int], granules: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(per-granule shape, across-granule shape): granules over `data`, else over `fsdp`."""
+    data, fsdp, tensor = shape
+    if data % granules == 0:
+        return (data // granules, fsdp, tensor), (granules, 1, 1)
+    if fsdp % granules == 0:
+        return (data, fsdp // granules, tensor), (1, granules, 1)
+    raise ValueError(
+        f"mesh data={data} fsdp={fsdp} tensor={tensor} cannot span {granules} slices/processes: "
+        f"data or fsdp must be a multiple of {granules} (tensor stays within one)"
+    )
+
+
+def device_grid(shape: tuple[int, int, int], devices: Sequence[jax.Device]) -> tuple[np.ndarray, str]:
+    """(devices arranged as `shape`, how the order was chosen); see the module docstring."""
+    devices = list(devices)
+    if len(devices) == 1 or (devices[0].platform == "cpu" and len({d.process_index for d in devices}) == 1):
+        return np.asarray(devices).reshape(shape), "row-major (simulated CPU devices have no topology)"
+    attr, count = _granules(devices)
+    if attr is not None:
+        ici, dcn = _dcn_split(shape, count)
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=attr == "process_index")
+        return grid, f"hybrid: {count} {'slices' if attr == 'slice_index' else 'processes'} over DCN, {ici} within each"
+    try:
+        return mesh_utils.create_device_mesh(shape, devices), "mesh_utils.create_device_mesh (physical order)"
+    except (ValueError, NotImplementedError, AssertionError) as err:
+        # e.g. 3 of a slice's 4 chips: no physical sub-mesh exists (mesh_utils asserts).
+        return np.asarray(devices).reshape(shape), f"row-major: mesh_utils cannot place these {len(devices)} devices ({err})"
+
+
+def mesh_and_order(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> tuple[Mesh, str]:
+    """(`make_mesh`'s mesh, how its device order was chosen)."""
     devices = list(jax.devices() if devices is None else devices)
     shape = resolve_mesh_shape(data, fsdp, tensor, len(devices))
-    try:
-        device_grid = jax.experimental.mesh_utils.create_device_mesh(shape, devices=devices)
-    except Exception:  # simulated or irregular topologies: plain row-major order
-        device_grid = np.asarray(devices).reshape(shape)
-    return Mesh(device_grid, MESH_AXES)
+    grid, how = device_grid(shape, devices)
+    report = log.warning if how.startswith("row-major: mesh_utils") else log.debug
+    report("mesh %s over %d %s devices: %s", dict(zip(MESH_AXES, shape)), len(devices), devices[0].platform, how)
+    return Mesh(grid, MESH_AXES), how
 
 
-def mesh_from_config(mesh_config) -> Mesh:
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all devices), in the hardware's
+    device order (`device_grid`). `tensor` varies fastest, so tensor-parallel groups are
+    neighbouring devices."""
+    return mesh_and_order(data, fsdp, tensor, devices)[0]
+
+
+def mesh_from_config(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """Build from a config with fields data, fsdp, tensor (ml_collections or dict)."""
     get = mesh_config.get if hasattr(mesh_config, "get") else lambda k, d: getattr(mesh_config, k, d)
-    return make_mesh(get("data", 1), get("fsdp", -1), get("tensor", 1))
+    return make_mesh(get("data", 1), get("fsdp", -1), get("tensor", 1), devices)

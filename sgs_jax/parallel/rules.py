@@ -3,13 +3,16 @@
 Every parameter of the model has logical axis names (`PARAM_LOGICAL_AXES`, keyed by the
 last two names of its path); `RULES` maps logical names to mesh axes. A mesh axis is
 dropped for a dimension it does not divide evenly (e.g. 2 KV heads on tensor=4), so every
-model runs on every mesh, replicated where it must be.
+model runs on every mesh, replicated where it must be (`replicated_parameters` lists those
+dimensions). Batch dimensions never fall back: `batch_spec` / `check_batch` refuse a batch
+that does not split over (data, fsdp).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -34,6 +37,22 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "cache_seq": None,
     "kv_pages": ("data", "fsdp"),  # the sampler's paged KV pool: pages split like the rows that hold them
 }
+
+# The rollout engine's weights: like RULES but replicated over data and fsdp (`embed` whole),
+# so a decode step reads only local weights (no all-gather per step or chunk); heads, MLP and
+# vocabulary still split over tensor. Activations follow RULES (they use `act_*` names).
+INFERENCE_RULES: dict[str, tuple[str, ...] | None] = {**RULES, "embed": None}
+
+# `sampling.weights_layout` -> the parameter rules of the sampling copy.
+LAYOUTS: dict[str, dict[str, tuple[str, ...] | None]] = {"inference": INFERENCE_RULES, "training": RULES}
+
+
+def layout_rules(layout: str) -> dict[str, tuple[str, ...] | None]:
+    """The parameter rules of a named layout (`LAYOUTS`); ValueError naming the choices."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown weights layout {layout!r}; expected one of {tuple(LAYOUTS)}")
+    return LAYOUTS[layout]
+
 
 # (module name, parameter name) -> logical axes of the parameter's dimensions. Per-layer
 # parameters are stacked over layers (`layers`, leading).
@@ -75,17 +94,13 @@ def param_logical_axes(path: Sequence[Any]) -> tuple[str, ...]:
     return PARAM_LOGICAL_AXES[key]
 
 
-def logical_to_spec(
-    logical_axes: Sequence[str | None],
-    mesh: Mesh,
-    shape: Sequence[int] | None = None,
-    rules: Mapping[str, tuple[str, ...] | None] | None = None,
-) -> PartitionSpec:
-    """PartitionSpec for `logical_axes`, dropping mesh axes of size 1, axes that do not divide
-    the dimension (when `shape` is given) and axes already used by an earlier dimension."""
-    rules = RULES if rules is None else rules
+def _assign(
+    logical_axes: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None, rules: Mapping
+) -> tuple[PartitionSpec, list[tuple[int, str, str]]]:
+    """(spec, dropped): the PartitionSpec, and (dim, logical name, mesh axis) of every mesh
+    axis the rules asked for but that does not divide its dimension (a replication fallback)."""
     used: set[str] = set()
-    spec = []
+    spec, dropped = [], []
     for dim, name in enumerate(logical_axes):
         mesh_axes = rules.get(name) if name is not None else None
         chosen = []
@@ -94,12 +109,79 @@ def logical_to_spec(
             if axis in used or axis not in mesh.shape or mesh.shape[axis] == 1:
                 continue
             if shape is not None and shape[dim] % (size * mesh.shape[axis]):
+                dropped.append((dim, name, axis))
                 continue
             chosen.append(axis)
             size *= mesh.shape[axis]
         used.update(chosen)
         spec.append(tuple(chosen) if len(chosen) > 1 else (chosen[0] if chosen else None))
-    return PartitionSpec(*spec)
+    return PartitionSpec(*spec), dropped
+
+
+def logical_to_spec(
+    logical_axes: Sequence[str | None],
+    mesh: Mesh,
+    shape: Sequence[int] | None = None,
+    rules: Mapping[str, tuple[str, ...] | None] | None = None,
+) -> PartitionSpec:
+    """PartitionSpec for `logical_axes`, dropping mesh axes of size 1, axes that do not divide
+    the dimension (when `shape` is given) and axes already used by an earlier dimension.
+
+    Dropping is right for parameters (any model runs on any mesh, replicated where it must
+    be; `replicated_parameters` lists where). Batch axes go through `batch_spec`, which
+    refuses instead: a dropped batch axis makes every device run every row."""
+    return _assign(logical_axes, mesh, shape, RULES if rules is None else rules)[0]
+
+
+def batch_shards(mesh: Mesh, rules: Mapping | None = None) -> int:
+    """Devices a batch dimension is split over: the product of the mesh axes `batch` maps to."""
+    rules = RULES if rules is None else rules
+    return math.prod(mesh.shape[a] for a in rules["batch"] or () if a in mesh.shape)
+
+
+def check_batch(rows: int, mesh: Mesh, what: str, rules: Mapping | None = None) -> None:
+    """Raise ValueError (naming `what` and the numbers) unless `rows` split evenly over the
+    batch mesh axes; call before any work."""
+    rules = RULES if rules is None else rules
+    shards = batch_shards(mesh, rules)
+    if rows % shards:
+        axes = " x ".join(f"{a}={mesh.shape[a]}" for a in rules["batch"] or () if a in mesh.shape)
+        up = -(-rows // shards) * shards
+        raise ValueError(
+            f"{what}={rows} rows do not split over the batch mesh axes ({axes} = {shards} devices): every device "
+            f"would run all {rows}; use a multiple of {shards} (e.g. {up}) or change the mesh"
+        )
+
+
+def batch_spec(logical_axes: Sequence[str | None], mesh: Mesh, shape: Sequence[int], what: str, rules: Mapping | None = None) -> PartitionSpec:
+    """`logical_to_spec` for an array whose first dimension is a batch axis; ValueError (via
+    `check_batch`) instead of silently replicating rows that do not divide the mesh."""
+    check_batch(shape[0], mesh, what, rules)
+    return logical_to_spec(logical_axes, mesh, shape, rules)
+
+
+def replicated_parameters(state: Any, mesh: Mesh, rules: Mapping | None = None) -> list[str]:
+    """One line per parameter dimension whose rule's mesh axis was dropped because it does
+    not divide the dimension (so that dimension is replicated over that axis)."""
+    rules = RULES if rules is None else rules
+    lines = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        axes = param_logical_axes(path)
+        for dim, name, axis in _assign(axes, mesh, leaf.shape, rules)[1]:
+            lines.append(f"{'/'.join(path_names(path))} dim {dim} ({name}, size {leaf.shape[dim]}): "
+                         f"not divisible by {axis}={mesh.shape[axis]}, replicated")
+    return lines
+
+
+def log_replicated_parameters(state: Any, mesh: Mesh, logger, rules: Mapping | None = None) -> list[str]:
+    """Log `replicated_parameters` as one block (a warning when there are any); returns the lines."""
+    lines = replicated_parameters(state, mesh, rules)
+    shape = " ".join(f"{k}={v}" for k, v in mesh.shape.items())
+    if lines:
+        logger.warning("parameters replicated where the mesh (%s) does not divide them:\n  %s", shape, "\n  ".join(lines))
+    else:
+        logger.info("every sharded parameter dimension divides the mesh (%s)", shape)
+    return lines
 
 
 def state_shardings(state: Any, mesh: Mesh, rules: Mapping | None = None) -> Any:

@@ -132,6 +132,7 @@ def run_sft(
     epochs: int,
     heldout: Sequence[SftPair] = (),
     evaluate: Callable[[object, object, Sequence[SftPair]], float] | None = None,
+    seed: int = 0,
 ) -> SftReport:
     """Train `trainer` (objective "sft") for `epochs` epochs over `train_pairs`, measuring
     `evaluate(model, tokenizer, heldout)` before and after when given. The optimiser
@@ -148,7 +149,7 @@ def run_sft(
     trainer.reset_optimizer()
     for epoch in range(epochs):
         order = list(range(len(examples)))
-        random.Random(trainer.config.shuffle_seed + epoch).shuffle(order)
+        random.Random(seed + epoch).shuffle(order)
         size = trainer.config.batch_size
         for start in range(0, len(order), size):
             losses.append(trainer.step([examples[i] for i in order[start : start + size]])["loss"])
@@ -179,10 +180,10 @@ def fine_tune(
     longest = max(sft_example(tokenizer, p).num_inputs for p in pairs)
     config = TrainConfig(
         objective="sft", batch_size=batch_size, micro_batch_size=min(micro_batch_size, batch_size),
-        max_seq_len=max_seq_len or longest, shuffle_seed=seed, optimizer=OptimizerConfig(learning_rate=learning_rate),
+        max_seq_len=max_seq_len or longest, optimizer=OptimizerConfig(learning_rate=learning_rate),
     )
     trainer = Trainer(model, config, mesh)
-    run_sft(trainer, tokenizer, pairs, epochs)
+    run_sft(trainer, tokenizer, pairs, epochs, seed=seed)
     return trainer.model
 
 
@@ -223,11 +224,11 @@ def main(argv: list[str] | None = None) -> None:
     train, held = split_heldout(read_sft_jsonl(args.data), 0 if args.no_format_check else args.heldout, args.seed)
     config = TrainConfig(
         objective="sft", batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-        max_seq_len=args.max_seq_len, shuffle_seed=args.seed, optimizer=OptimizerConfig(learning_rate=args.lr),
+        max_seq_len=args.max_seq_len, optimizer=OptimizerConfig(learning_rate=args.lr),
     )
     trainer = Trainer(model, config, mesh)
     evaluate = None if args.no_format_check else (lambda m, t, p: guide_format_rate(m, t, p, args.max_new_tokens))
-    report = run_sft(trainer, tokenizer, train, args.epochs, held, evaluate)
+    report = run_sft(trainer, tokenizer, train, args.epochs, held, evaluate, seed=args.seed)
     print(json.dumps(dataclasses.asdict(report) | {"losses": list(report.losses[-5:])}, indent=1))
     if args.out and args.epochs > 0:
         save_hf(trainer.model, args.out, tokenizer=tokenizer)  # every process calls; process 0 writes

@@ -12,6 +12,12 @@ shardings (parameters by the logical-axis rules, micro-batch rows over (data, fs
 donate what they replace. Because every row carries its share of the batch normaliser,
 summing micro-batch gradients gives exactly the gradient of the whole batch's loss; each
 bucket length compiles once. Remat follows the model config (`remat_policy`).
+
+The weight-sync boundary: the Trainer's fp32 master weights stay in the training layout;
+`export_for_inference(dtype, rules)` hands the rollout engine its own copy (e.g. bf16,
+replicated over data and fsdp) by one jitted cast-and-reshard, and `weights_version` tells
+holders of such a copy when it is stale. `to_host` / `to_device` move an idle role's
+weights and optimizer state out of device memory and back.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sgs_jax.parallel import activation_sharding, make_mesh, named_sharding, state_shardings
+from sgs_jax.parallel.placement import DEVICE, HOST, cast_and_shard, to_memory
+from sgs_jax.parallel.rules import batch_spec, check_batch
 from sgs_jax.rl import objectives
 from sgs_jax.rl.batching import (
     MicroBatch,
@@ -69,6 +77,10 @@ class TrainConfig:
     max_seq_len: longest model input (prompt + completion - 1) accepted.
     min_bucket: shortest length bucket. logits_chunk: positions per vocabulary chunk.
     reset_optimizer: `train_epoch` starts from a fresh Adam state (method.md §4 step 9).
+
+    normalization, batch_size, max_seq_len, min_bucket and reset_optimizer only steer the
+    host (batching, bucket choice); the compiled programs depend on the rest
+    (`program_config`), so roles that differ only there share their programs.
     """
 
     objective: str = "reinforce_half"
@@ -81,7 +93,6 @@ class TrainConfig:
     cispo_eps_low: float = 1.0
     cispo_eps_high: float = 3.0
     reset_optimizer: bool = True
-    shuffle_seed: int = 0
     optimizer: OptimizerConfig = OptimizerConfig()
 
     def __post_init__(self):
@@ -95,7 +106,18 @@ class TrainConfig:
 
     @property
     def buckets(self) -> tuple[int, ...]:
+        """Micro-batch lengths (two per octave from min_bucket to max_seq_len): the shapes
+        the accumulate program compiles for."""
         return length_buckets(self.max_seq_len, min(self.min_bucket, self.max_seq_len))
+
+    def program_config(self) -> "TrainConfig":
+        """This config with its host-only fields at their defaults: the key of the compiled
+        programs (a program never reads those fields)."""
+        host = {f: TrainConfig.__dataclass_fields__[f].default for f in _HOST_FIELDS}
+        return dataclasses.replace(self, **host)
+
+
+_HOST_FIELDS = ("normalization", "batch_size", "max_seq_len", "min_bucket", "reset_optimizer")
 
 
 def micro_batch_loss(model, batch: MicroBatch, config: TrainConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -138,17 +160,22 @@ _APPLY_METRICS = ("loss", "grad_norm", "update_norm", "param_norm")  # not avera
 
 
 class TrainPrograms:
-    """The compiled pieces of one (architecture, TrainConfig, mesh), with their shardings.
+    """The compiled pieces of one (architecture, program config, mesh), with their shardings.
 
     Pure functions of pytrees; every `Trainer` with the same three shares one instance
-    (`programs_for`), so a second Trainer of a role, a test or a restarted stage compiles
-    nothing new.
+    (`programs_for`), so a second Trainer of a role, the other role with the same objective
+    and optimiser, a test or a restarted stage compiles nothing new. `accumulate` compiles
+    once per micro-batch length (`TrainConfig.buckets`); `apply`, `zero_acc` and `init_opt`
+    once. The micro-batch must split over the mesh's (data, fsdp) axes (checked here,
+    before any work).
     """
 
     def __init__(self, graphdef, abstract_params, config: TrainConfig, mesh: Mesh):
         self.graphdef, self.config, self.mesh = graphdef, config, mesh
+        check_batch(config.micro_batch_size, mesh, "micro_batch_size")
         self.optimizer = make_optimizer(config.optimizer)
         self.param_shardings = state_shardings(abstract_params, mesh)
+        self.abstract_params = _with_shardings(abstract_params, self.param_shardings)
         self.replicated = NamedSharding(mesh, PartitionSpec())
         abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
         is_sharding = lambda x: isinstance(x, NamedSharding)  # noqa: E731
@@ -156,29 +183,40 @@ class TrainPrograms:
             self.optimizer, lambda _, s: s, abstract_opt, self.param_shardings,
             transform_non_params=lambda _: self.replicated, is_leaf=is_sharding,
         )
+        self.abstract_opt_state = _with_shardings(abstract_opt, self.opt_shardings)
         self.batch_shardings = self._micro_batch_shardings()
         self.metric_names = self._abstract_metric_names(abstract_params)
-        acc_shardings = (self.param_shardings, {k: self.replicated for k in self.metric_names})
+        self.acc_shardings = (self.param_shardings, {k: self.replicated for k in self.metric_names})
         self.init_opt = jax.jit(self.optimizer.init, in_shardings=(self.param_shardings,), out_shardings=self.opt_shardings)
-        self.zero_acc = jax.jit(self._zeros, in_shardings=(self.param_shardings,), out_shardings=acc_shardings)
+        self.zero_acc = jax.jit(self._zeros, in_shardings=(self.param_shardings,), out_shardings=self.acc_shardings)
+        self.abstract_acc = _with_shardings(jax.eval_shape(self._zeros, abstract_params), self.acc_shardings)
         self.accumulate = jax.jit(
             self._accumulate_fn,
-            in_shardings=(self.param_shardings, acc_shardings, self.batch_shardings),
-            out_shardings=acc_shardings,
+            in_shardings=(self.param_shardings, self.acc_shardings, self.batch_shardings),
+            out_shardings=self.acc_shardings,
             donate_argnums=(1,),
         )
         self.apply = jax.jit(
             self._apply_fn,
-            in_shardings=(self.param_shardings, self.opt_shardings, acc_shardings),
+            in_shardings=(self.param_shardings, self.opt_shardings, self.acc_shardings),
             out_shardings=(self.param_shardings, self.opt_shardings, {k: self.replicated for k in self.metric_names + _APPLY_METRICS}),
             donate_argnums=(0, 1),  # the gradient accumulator has no output to alias
         )
 
     def _micro_batch_shardings(self) -> MicroBatch:
         b = self.config.micro_batch_size
-        rows = named_sharding(self.mesh, ("batch", "seq"), (b, 1))
-        vec = named_sharding(self.mesh, ("batch",), (b,))
+        rows = NamedSharding(self.mesh, batch_spec(("batch", "seq"), self.mesh, (b, 1), "micro_batch_size"))
+        vec = NamedSharding(self.mesh, batch_spec(("batch",), self.mesh, (b,), "micro_batch_size"))
         return MicroBatch(rows, rows, rows, rows, rows, vec, vec)
+
+    def abstract_micro_batch(self, length: int, shardings: bool = True) -> MicroBatch:
+        """Shape structs of one [micro_batch_size, length] micro-batch (the layout
+        `rl.batching.make_micro_batches` fills), with their shardings unless asked not to."""
+        b = self.config.micro_batch_size
+        rows = lambda dtype: jax.ShapeDtypeStruct((b, length), dtype)  # noqa: E731
+        vec = jax.ShapeDtypeStruct((b,), jnp.float32)
+        batch = MicroBatch(rows(jnp.int32), rows(bool), rows(jnp.int32), rows(jnp.float32), rows(jnp.float32), vec, vec)
+        return _with_shardings(batch, self.batch_shardings) if shardings else batch
 
     def _loss(self, params, batch: MicroBatch):
         with activation_sharding(self.mesh):
@@ -187,12 +225,7 @@ class TrainPrograms:
         return loss, _metric_sums(loss, metrics)
 
     def _abstract_metric_names(self, abstract_params) -> tuple[str, ...]:
-        b = self.config.micro_batch_size
-        ints = jax.ShapeDtypeStruct((b, 2), jnp.int32)
-        floats = jax.ShapeDtypeStruct((b, 2), jnp.float32)
-        batch = MicroBatch(ints, jax.ShapeDtypeStruct((b, 2), bool), ints, floats, floats,
-                           jax.ShapeDtypeStruct((b,), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.float32))
-        _, sums = jax.eval_shape(self._loss, abstract_params, batch)
+        _, sums = jax.eval_shape(self._loss, abstract_params, self.abstract_micro_batch(2, shardings=False))
         return tuple(sorted(sums))
 
     def _zeros(self, params):
@@ -218,15 +251,22 @@ class TrainPrograms:
         return new_params, opt_state, metrics
 
 
+def _with_shardings(tree, shardings):
+    """Shape structs of `tree` carrying `shardings` (for lowering without arrays)."""
+    return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
 _PROGRAMS: dict[tuple, TrainPrograms] = {}
 
 
 def programs_for(graphdef, params, config: TrainConfig, mesh: Mesh) -> TrainPrograms:
-    """The shared `TrainPrograms` of (graphdef, config, mesh); built on first use."""
-    key = (graphdef, config, mesh)
+    """The shared `TrainPrograms` of (graphdef, config.program_config(), mesh); built on
+    first use. `params` may be arrays or shape structs."""
+    program_config = config.program_config()
+    key = (graphdef, program_config, mesh)
     if key not in _PROGRAMS:
         abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-        _PROGRAMS[key] = TrainPrograms(graphdef, abstract, config, mesh)
+        _PROGRAMS[key] = TrainPrograms(graphdef, abstract, program_config, mesh)
     return _PROGRAMS[key]
 
 
@@ -245,13 +285,51 @@ class Trainer:
         self.mesh = mesh if mesh is not None else make_mesh(1, 1, 1, devices=jax.devices()[:1])
         graphdef, params = nnx.split(model)
         self.programs = programs_for(graphdef, params, config, self.mesh)
+        self.weights_version = 0  # bumped whenever `params` is replaced (a step, a restore)
         self.params = jax.device_put(params, self.programs.param_shardings)
         nnx.update(self.model, self.params)
         self.opt_state = self.programs.init_opt(self.params)
 
+    @property
+    def params(self):
+        """The master weights (nnx.State, the model's param dtype, training layout)."""
+        return self._params
+
+    @params.setter
+    def params(self, value) -> None:
+        self._params = value
+        self.weights_version += 1  # copies exported from the old weights are now stale
+
+    # ---- the weight-sync boundary --------------------------------------------------------
+    def export_for_inference(self, dtype, rules) -> nnx.State:
+        """The weights as the rollout engine holds them: cast to `dtype` and laid out by
+        `rules` (`parallel.rules.LAYOUTS`) on this trainer's mesh, by one jitted
+        cast-and-reshard. New buffers: the master weights stay as they are (dtype, layout,
+        values). In the master dtype and the training layout it is the master weights
+        themselves (no copy), valid until the next step donates them; check
+        `weights_version` before reusing any export.
+        """
+        return cast_and_shard(to_memory(self.params, DEVICE), self.mesh, dtype, rules)
+
+    def to_host(self) -> None:
+        """Move the master weights and optimizer state to pinned host memory (an idle role
+        between phases); `step`, `train_epoch` and `export_for_inference` bring them back."""
+        self._move(HOST)
+
+    def to_device(self) -> None:
+        """Bring the master weights and optimizer state back to device memory (a no-op there)."""
+        self._move(DEVICE)
+
+    def _move(self, kind: str) -> None:
+        self._params = to_memory(self._params, kind)  # same values: the version stays
+        self.opt_state = to_memory(self.opt_state, kind)
+        nnx.update(self.model, self._params)
+
     # ---- host-side API ----------------------------------------------------------------
     def reset_optimizer(self) -> None:
         """A fresh Adam state (step count 0, zero moments), as each SGS iteration starts."""
+        self.opt_state = None  # the old moments go first (device or host): never two at once
+        self.to_device()
         self.opt_state = self.programs.init_opt(self.params)
 
     def micro_batches(self, examples: Sequence[SequenceExample], num_groups: int | None = None) -> list[MicroBatch]:
@@ -280,6 +358,7 @@ class Trainer:
         if not examples:
             raise ValueError("an optimiser step needs at least one example")
         batches = self.micro_batches(examples, num_groups)
+        self.to_device()
         acc = self.programs.zero_acc(self.params)
         for batch in batches:
             acc = self.programs.accumulate(self.params, acc, batch)
@@ -291,9 +370,9 @@ class Trainer:
         metrics["tokens"] = float(sum(int(np.sum(b.attention_mask)) for b in batches))
         return metrics
 
-    def train_epoch(self, examples: Sequence[SequenceExample], seed: int | None = None) -> list[dict[str, float]]:
-        """One epoch, one `step` per optimiser batch. Resets the optimiser first when
-        `config.reset_optimizer`.
+    def train_epoch(self, examples: Sequence[SequenceExample], seed: int) -> list[dict[str, float]]:
+        """One epoch, one `step` per optimiser batch, shuffled with `seed`. Resets the
+        optimiser first when `config.reset_optimizer`.
 
         CISPO: whole groups shuffled and batches cut on group boundaries (`group_batches`),
         the group normaliser dividing by the constant groups per batch. Other objectives:
@@ -301,7 +380,6 @@ class Trainer:
         """
         if self.config.reset_optimizer:
             self.reset_optimizer()
-        seed = self.config.shuffle_seed if seed is None else seed
         if self.config.objective == "cispo":
             batches, per_batch = group_batches(examples, self.config.batch_size, seed)
             return [self.step(batch, per_batch) for batch in batches]

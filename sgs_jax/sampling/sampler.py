@@ -9,9 +9,10 @@ chunk, dispatch a jitted decode chunk (a `lax.while_loop` of up to `chunk_steps`
 the donated decode state), and only then read the previous chunk's outputs (one
 `device_get`): the device always has the next chunk queued while the host absorbs the last.
 A refill is queued behind the chunk in flight (its slots were free in that chunk too), so
-it never waits for a read either. Parameters are an argument of every program and are used
-in the dtype and sharding they arrive in (nothing is cast or moved per call): new weights
-of the same form reuse the compiled programs; another form compiles once more.
+it never waits for a read either. Parameters are an argument of every program; weights
+already on the Sampler's mesh are used in the dtype and layout they arrive in (nothing is
+cast or moved per call): new weights of the same form reuse the compiled programs; another
+form compiles once more.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ from sgs_jax.models.build import abstract_model
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.paged_attention import select_paged_backend
 from sgs_jax.models.tokenizer import decode
-from sgs_jax.parallel.rules import RULES, activation_sharding, path_names
+from sgs_jax.parallel.rules import activation_sharding, batch_shards, check_batch, path_names, state_shardings
 from sgs_jax.sampling import programs
 from sgs_jax.sampling.distribution import row_keys, sampling_mode
 from sgs_jax.sampling.pages import PageAllocator
 from sgs_jax.sampling.params import Completions, GenerationStats, SamplingParams
-from sgs_jax.sampling.scheduler import ChunkPlan, Refill, SlotScheduler, pages_for
+from sgs_jax.sampling.scheduler import ChunkPlan, Refill, SlotScheduler, pages_for, pool_pages_per_shard
 from sgs_jax.sampling.shapes import DEFAULT_PROMPT_BUCKETS, PromptError, bucket_for, power_of_two_at_least, prompt_problem
 
 ProgressFn = Callable[[int, int], None]  # (finished rows, total rows)
@@ -71,11 +72,14 @@ def _numerics(config: ModelConfig | None):
                                param_dtype=config.dtype)
 
 
-def batch_shards(mesh: Mesh | None) -> int:
-    """Devices a batch dimension splits over: the product of the mesh axes `batch` maps to."""
-    if mesh is None:
-        return 1
-    return int(np.prod([mesh.shape[a] for a in RULES["batch"] or () if a in mesh.shape]))
+def _on_mesh(params, mesh: Mesh) -> bool:
+    """Whether every leaf is already a device array laid out on `mesh` (the caller chose its
+    dtype and layout, e.g. the inference form: kept as it is)."""
+    return all(
+        isinstance(x, jax.Array) and isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
+        and x.sharding.memory_kind in (None, "device")
+        for x in jax.tree_util.tree_leaves(params)
+    )
 
 
 class Sampler:
@@ -111,10 +115,9 @@ class Sampler:
                              f"{prefill_batch}, {page_size}")
         if not prompt_buckets or list(prompt_buckets) != sorted(set(prompt_buckets)) or prompt_buckets[0] < 1:
             raise ValueError(f"prompt_buckets must be increasing positive lengths, got {prompt_buckets}")
-        self.shards = batch_shards(mesh)
-        if max_batch % self.shards:
-            raise ValueError(f"max_batch (sampler slots) = {max_batch} does not split over the mesh's {self.shards} batch devices "
-                             f"(data x fsdp); use a multiple of {self.shards}")
+        if mesh is not None:
+            check_batch(max_batch, mesh, "max_batch (sampler slots)")
+        self.shards = 1 if mesh is None else batch_shards(mesh)
         if kv_pool_tokens is not None and kv_pool_tokens < page_size * self.shards:
             raise ValueError(f"sampling.kv_pool_tokens = {kv_pool_tokens} holds less than one page of {page_size} tokens per batch "
                              f"shard ({self.shards})")
@@ -132,6 +135,7 @@ class Sampler:
         self.attention_backend = select_paged_backend(model_config.attention, platform)
         graphdef, abstract = abstract_model(model_config)
         self._abstract_params = abstract
+        self._param_shardings = state_shardings(abstract, mesh) if mesh is not None else None
         self._signature = _leaf_signature(abstract)
         self._empty = jax.jit(_under_mesh(functools.partial(programs.empty_state, model_config), mesh), static_argnums=(0, 1, 2))
         self._insert = jax.jit(_under_mesh(functools.partial(programs.insert_prompts, graphdef), mesh), donate_argnums=(1,))
@@ -163,8 +167,9 @@ class Sampler:
     ) -> Completions:
         """Sample `params.num_samples` completions for every prompt (token ids).
 
-        weights: a `Llama` or its `nnx.State` (this Sampler's architecture), in any dtype
-        and sharding (used as they are). max_new_tokens_per_prompt: optional per-prompt
+        weights: a `Llama` or its `nnx.State` (this Sampler's architecture); arrays already
+        on this Sampler's mesh keep their dtype and layout (e.g. the bf16 inference form,
+        `sgs.roles`), others are placed by the training rules. max_new_tokens_per_prompt: optional per-prompt
         caps replacing params.max_new_tokens. on_prompt_done: called with (prompt index,
         that prompt's rows as `Completions`) as soon as all its samples finished, in
         finishing order (so callers can write results as they come).
@@ -188,10 +193,7 @@ class Sampler:
         prompt_index = np.repeat(np.arange(len(prompts), dtype=np.int32), k)
         sample_index = np.tile(np.arange(k, dtype=np.int32), len(prompts))
         num_slots = self.num_slots(len(prompt_index))
-        max_cached = int((lens - 1 + limits).max())
-        max_pages = power_of_two_at_least(int(pages_for(max_cached, self.page_size)), 1 << 30)
-        pool_tokens = self.kv_pool_tokens or num_slots * max_pages * self.page_size
-        pages_per_shard = int(pages_for(pool_tokens, self.page_size * self.shards))
+        max_pages, pages_per_shard = self.pool_shape(num_slots, int((lens - 1 + limits).max()))
         sched = SlotScheduler(num_slots, prompt_index, sample_index, limits[prompt_index], lens[prompt_index], k,
                               params.resolved_stop_ids(self.config.eos_token_ids),
                               PageAllocator(self.shards, pages_per_shard), self.page_size, max_pages, self.chunk_steps)
@@ -248,13 +250,44 @@ class Sampler:
         slots = power_of_two_at_least(num_rows, self.max_batch)
         return min(self.max_batch, -(-slots // self.shards) * self.shards)
 
+    def pool_shape(self, num_slots: int, max_cached: int) -> tuple[int, int]:
+        """(page-table width, pool pages per batch shard) of a call whose longest row caches
+        `max_cached` tokens: the table a power of two of pages that holds it; the pool
+        kv_pool_tokens (or, when None, every slot's worst case) rounded up to whole pages
+        per shard."""
+        max_pages = power_of_two_at_least(int(pages_for(max_cached, self.page_size)), 1 << 30)
+        pool_tokens = self.kv_pool_tokens or num_slots * max_pages * self.page_size
+        return max_pages, pool_pages_per_shard(pool_tokens, self.page_size, self.shards)
+
     # ---- ahead-of-time lowering (sgs-plan) ----------------------------------------------
+    def abstract_weights(self, dtype=None, rules=None):
+        """Shape structs of this Sampler's parameters in `dtype` (default: the config's
+        param_dtype) laid out on the mesh by `rules` (default: the training rules), i.e.
+        the form `generate` would receive (e.g. `INFERENCE_RULES` and bfloat16)."""
+        shardings = (state_shardings(self._abstract_params, self.mesh, rules) if self.mesh is not None
+                     else jax.tree_util.tree_map(lambda _: None, self._abstract_params))
+        return jax.tree_util.tree_map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype or x.dtype), sharding=sh),
+                                      self._abstract_params, shardings)
+
     def abstract_state(self, num_slots: int, num_pages: int) -> programs.DecodeState:
         """Shape structs of the decode state `generate` starts from, with its shardings."""
         lowered = self._empty.lower(num_slots, num_pages, self.page_size)
         shardings = lowered.compile().output_shardings
         return jax.tree_util.tree_map(lambda info, sh: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sh),
                                       lowered.out_info, shardings)
+
+    def lower_prefill(self, weights, num_slots: int, num_pages: int, prompt_bucket: int, num_prompts: int):
+        """The prefill-and-insert program `generate` runs for `num_prompts` prompts (1 or
+        prefill_batch) of bucket length `prompt_bucket` into a pool of `num_pages` pages,
+        lowered without arrays (`weights`: shape structs, as for `lower_decode`)."""
+        s, length = num_slots, -(-prompt_bucket // self.page_size) * self.page_size
+        entries = num_prompts * (length // self.page_size) + s // self.shards
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+        flag = jax.ShapeDtypeStruct((s,), bool)
+        return self._insert.lower(
+            weights, self.abstract_state(s, num_pages), i32(num_prompts, length), jax.ShapeDtypeStruct((num_prompts, length), bool),
+            i32(self.shards, entries), i32(self.shards, entries), flag, i32(s), i32(s), i32(s), jax.ShapeDtypeStruct((s, 2), jnp.uint32),
+        )
 
     def lower_decode(self, weights, num_slots: int, num_pages: int, max_pages: int, work_size: int = 1, mode: str = "plain"):
         """The decode chunk `generate` runs, lowered without arrays: `weights` are shape
@@ -289,6 +322,8 @@ class Sampler:
             raise TypeError(f"expected a Llama or its nnx.State, got {type(weights).__name__}") from err
         if signature != self._signature:
             raise ValueError("the parameters do not match this Sampler's model config (names or shapes differ)")
+        if self._param_shardings is not None and not _on_mesh(weights, self.mesh):
+            weights = jax.device_put(weights, self._param_shardings)
         return weights
 
     @staticmethod

@@ -45,6 +45,12 @@ def pages_for(tokens, page_size: int):
     return -(-np.asarray(tokens) // page_size)
 
 
+def pool_pages_per_shard(pool_tokens: int, page_size: int, shards: int) -> int:
+    """Pages each batch shard's pool holds for a capacity of `pool_tokens` tokens (rounded
+    up to whole pages per shard: the pool is shards x this many pages)."""
+    return int(pages_for(pool_tokens, page_size * shards))
+
+
 @dataclasses.dataclass(frozen=True)
 class PrefillWrite:
     """One page of a prompt's prefill to write: chunk `chunk` (positions chunk * page_size..)

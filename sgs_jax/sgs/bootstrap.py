@@ -6,6 +6,11 @@ DeepSeek-Prover-V2-7B for real runs, or the packaged testbed model (made by
 checkpoint (the authors released theirs) or the base fine-tuned on `guide.sft_data`, a
 JSONL of rubric replies; a Guide fine-tuned here is saved in the run directory so a resumed
 run reloads it instead of training it again.
+
+The base is loaded in the training form (`model.param_dtype`, the training layout): the
+trainers start from it. The frozen Guide only ever samples, so it is loaded straight into
+the rollout engine's form (`sampling.weights_dtype`, `sampling.weights_layout`) and never
+holds a master-precision copy.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import logging
 import os
 
 import jax.numpy as jnp
+from flax import nnx
 
 from sgs_jax.models import Llama, load_hf, save_hf
 from sgs_jax.models.tokenizer import load_tokenizer
+from sgs_jax.parallel.rules import layout_rules
 from sgs_jax.sgs import prompts
 from sgs_jax.sgs.roles import copy_model
 from sgs_jax.sgs.target_set import TargetSet, download_from_hub
@@ -37,7 +44,7 @@ def load_target_set(cfg) -> TargetSet:
         path = download_from_hub(t.hub_id)
     target_set = TargetSet.load(path, t.max_proofs)
     if t.limit:
-        target_set = TargetSet(target_set.targets[: t.limit], target_set.proofs, t.max_proofs)
+        target_set = target_set.first(t.limit)
     return target_set
 
 
@@ -58,19 +65,27 @@ def load_model(cfg, path: str, mesh) -> Llama:
                    remat_policy=cfg.model.remat_policy, attention=cfg.model.attention)
 
 
-def initial_models(cfg, tokenizer, mesh, workdir: str) -> tuple[Llama, Llama | None]:
-    """(base model, Guide or None when the experiment uses no Guide)."""
+def load_inference_weights(cfg, path: str, mesh) -> nnx.State:
+    """A frozen role's checkpoint straight in the rollout engine's form: parameters in
+    `sampling.weights_dtype`, laid out by `sampling.weights_layout`'s rules on `mesh`,
+    streamed from disk shard by shard (no master-precision copy is ever made)."""
+    model = load_hf(path, dtype=jnp.dtype(cfg.model.dtype), mesh=mesh, rules=layout_rules(cfg.sampling.weights_layout),
+                    param_dtype=jnp.dtype(cfg.sampling.weights_dtype), attention=cfg.model.attention)
+    return nnx.state(model)
+
+
+def initial_models(cfg, tokenizer, mesh, workdir: str) -> tuple[Llama, nnx.State | None]:
+    """(base model in the training form, the Guide's weights in the inference form or None
+    when the experiment uses no Guide)."""
     if not cfg.model.checkpoint:
         raise ValueError("model.checkpoint is empty: name the base prover checkpoint (the testbed preset names the packaged one)")
     base = load_model(cfg, cfg.model.checkpoint, mesh)
-    if not cfg.sgs.use_guide:
+    if not (cfg.sgs.use_guide or cfg.guide.shadow_score):
         return base, None
     path = guide_path(cfg, workdir)
-    if cfg.model.guide_checkpoint or os.path.exists(os.path.join(path, "config.json")):
-        return base, load_model(cfg, path, mesh)
-    guide = fine_tune_guide(cfg, base, tokenizer, mesh)
-    save_hf(guide, path, tokenizer=tokenizer)
-    return base, guide
+    if not (cfg.model.guide_checkpoint or os.path.exists(os.path.join(path, "config.json"))):
+        save_hf(fine_tune_guide(cfg, base, tokenizer, mesh), path, tokenizer=tokenizer)
+    return base, load_inference_weights(cfg, path, mesh)
 
 
 def guide_path(cfg, workdir: str) -> str:

@@ -18,8 +18,11 @@ from sgs_jax.analysis.statements import summarize_statements
 from sgs_jax.faults import fault_point
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.sgs import rewards
-from sgs_jax.sgs.phases import PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase
-from sgs_jax.sgs.roles import Roles
+from sgs_jax.sgs.phases import (GuidePhase, PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase,
+                                statement_check_phase)
+from sgs_jax.sgs.progress import phase
+from sgs_jax.sgs.roles import CONJECTURER, GUIDE, SOLVER, Roles
+from sgs_jax.sgs.statement_facts import statement_fractions
 from sgs_jax.sgs.target_set import TargetSet
 from sgs_jax.sgs.types import TARGET, Problem
 
@@ -42,6 +45,9 @@ class IterationSettings:
     conjecturer_max_new_tokens: int
     guide_max_new_tokens: int
     chunk_problems: int
+    check_conjecture_statement: bool = False
+    shadow_guide: bool = False
+    exact_statement_facts: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "IterationSettings":
@@ -60,6 +66,10 @@ class IterationSettings:
             conjecturer_max_new_tokens=cfg.sampling.conjecturer_max_new_tokens,
             guide_max_new_tokens=cfg.sampling.guide_max_new_tokens,
             chunk_problems=prove_chunk_size(cfg.sampling.max_batch, cfg.sgs.proofs_per_problem),
+            check_conjecture_statement=cfg.sgs.check_conjecture_statement,
+            shadow_guide=cfg.guide.shadow_score and not cfg.sgs.use_guide,
+            # The testbed's statements can be analysed exactly; Lean text only heuristically.
+            exact_statement_facts=cfg.verify.backend == "prop",
         )
 
 
@@ -84,10 +94,35 @@ def _solver_data(settings: IterationSettings, proved, new_proofs, ei_buffer) -> 
     return samples, [SequenceExample.from_training_sample(proved.prompt_ids[s.rollout.problem_id], s) for s in samples]
 
 
-def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str) -> dict[str, float]:
+# Metric names of the Guide's sub-score means: (rewarded Guide, shadow Guide).
+_GUIDE_METRICS = {
+    "parse_failures": (M.GUIDE_PARSE_FAILURES, M.GUIDE_SHADOW_PARSE_FAILURES),
+    "relevance": (M.GUIDE_RELEVANCE, M.GUIDE_SHADOW_RELEVANCE),
+    "redundancy": (M.GUIDE_REDUNDANCY, M.GUIDE_SHADOW_REDUNDANCY),
+    "complexity": (M.GUIDE_CONCLUSION_COMPLEXITY, M.GUIDE_SHADOW_CONCLUSION_COMPLEXITY),
+    "score": (M.GUIDE_SCORE, M.GUIDE_SHADOW_SCORE),
+}
+
+
+def _guide_metrics(guided: GuidePhase, shadow: bool) -> dict[str, float]:
+    """Parse failures and the means of the sub-scores and of Eq. 3 over parsed replies."""
+    names = {key: pair[shadow] for key, pair in _GUIDE_METRICS.items()}
+    out = {names["parse_failures"]: float(guided.parse_failures)}
+    parsed = [s for s in guided.scores if s is not None]
+    if parsed:
+        out[names["relevance"]] = float(np.mean([s.relevance for s in parsed]))
+        out[names["redundancy"]] = float(np.mean([s.redundancy for s in parsed]))
+        out[names["complexity"]] = float(np.mean([s.complexity for s in parsed]))
+        out[names["score"]] = float(np.mean([rewards.guide_score(*s) for s in parsed]))
+    return out
+
+
+def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str, progress=None) -> dict[str, float]:
     if trainer is None or not examples:
         return {f"{prefix}/train_sequences": float(len(examples) if trainer else 0)}
-    steps = trainer.train_epoch(examples, seed=seed)
+    with phase(progress, f"train {prefix.capitalize()}", len(examples), "sequences") as shown:
+        steps = trainer.train_epoch(examples, seed=seed)
+        shown.advance(len(examples))
     fault_point("training")
     out = {f"{prefix}/train_sequences": float(len(examples)), f"{prefix}/optimizer_steps": float(len(steps))}
     for key in ("loss", "grad_norm", "clip_fraction", "mean_importance_weight"):
@@ -114,12 +149,21 @@ def run_iteration(
     unsolved = target_set.unsolved()
     conj = None
     if settings.use_conjecturer and unsolved:
-        conj = conjecture_phase(
-            ctx, roles.conjecturer_model, unsolved, [t.statement for t in target_set.targets],
-            settings.conjectures_per_target, settings.condition_on_target,
-            settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
-        )
+        with phase(ctx.progress, "conjecture", len(unsolved) * settings.conjectures_per_target, "samples"), \
+                roles.rollout_weights(CONJECTURER) as weights:
+            conj = conjecture_phase(
+                ctx, weights, unsolved, [t.statement for t in target_set.targets],
+                settings.conjectures_per_target, settings.condition_on_target,
+                settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
+            )
         fault_point("sampling")
+    proposed = conj.kept if conj else ()  # after extraction and dedup: what the shape metrics describe
+    if conj is not None and settings.check_conjecture_statement:
+        with phase(ctx.progress, "statement check", len(conj.kept), "conjectures"):
+            checked = statement_check_phase(ctx, conj, {t.id: t.header for t in target_set.targets})
+        conj = checked.conjectures
+        out[M.CONJECTURE_ILL_FORMED] = float(checked.ill_formed)
+        out[M.CONJECTURE_STATEMENT_CHECK_ERRORS] = float(checked.errors)
     kept = conj.kept if conj else ()
     # 3-6: prove every target (Expert Iteration: those with room in their proof store) and
     # every kept conjecture, verify, solve rates
@@ -129,10 +173,11 @@ def run_iteration(
         targets = rewards.expert_iteration_targets(targets, stored_counts, target_set.max_proofs)
     problems = [Problem.from_target(t) for t in targets]
     problems += [Problem.from_conjecture(c, target_set.by_id[c.target_id].header) for c in kept]
-    proved = prove_phase(
-        ctx, roles.solver.model, problems, settings.k, settings.solver_max_total_len,
-        phase_seed(seed, iteration, "prove"), settings.chunk_problems,
-    )
+    with phase(ctx.progress, "prove + verify", len(problems) * settings.k, "samples"), roles.rollout_weights(SOLVER) as weights:
+        proved = prove_phase(
+            ctx, weights, problems, settings.k, settings.solver_max_total_len,
+            phase_seed(seed, iteration, "prove"), settings.chunk_problems,
+        )
     rates = proved.solve_rates()
     num_targets = len(targets)
     newly_solved = 0
@@ -148,21 +193,22 @@ def run_iteration(
     # 7: Conjecturer rewards (p70 rule, Guide scores, product, min-max)
     conj_rates = rates[num_targets:]
     conj_examples: list[SequenceExample] = []
+    guide_replies: list[str | None] = [None] * len(kept)  # for the logged examples
     if conj is not None and kept:
         keep_idx = rewards.kept_conjectures(conj_rates, settings.keep_quantile)
         guide_scores = None
-        if settings.use_guide:
+        if settings.use_guide or settings.shadow_guide:
             pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
-            guided = guide_phase(ctx, roles.guide_model, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
-            guide_scores = [None] * len(kept)
-            for i, score in zip(keep_idx, guided.scores):
-                guide_scores[i] = score
-            parsed = [s for s in guided.scores if s is not None]
-            out[M.GUIDE_PARSE_FAILURES] = float(guided.parse_failures)
-            if parsed:
-                out[M.GUIDE_RELEVANCE] = float(np.mean([s.relevance for s in parsed]))
-                out[M.GUIDE_REDUNDANCY] = float(np.mean([s.redundancy for s in parsed]))
-                out[M.GUIDE_CONCLUSION_COMPLEXITY] = float(np.mean([s.complexity for s in parsed]))
+            with phase(ctx.progress, "Guide" if settings.use_guide else "shadow Guide", len(pairs), "replies"), \
+                    roles.rollout_weights(GUIDE) as weights:
+                guided = guide_phase(ctx, weights, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
+            out.update(_guide_metrics(guided, shadow=not settings.use_guide))
+            for i, reply in zip(keep_idx, guided.replies):
+                guide_replies[i] = reply
+            if settings.use_guide:  # a shadow Guide's scores are logged, never rewarded
+                guide_scores = [None] * len(kept)
+                for i, score in zip(keep_idx, guided.scores):
+                    guide_scores[i] = score
         conj_rewards = rewards.conjecturer_rewards(conj_rates, guide_scores, settings.keep_quantile)
         conj_samples = rewards.conjecturer_samples(conj.rollouts, conj_rewards, settings.conjecturer_max_new_tokens)
         conj_examples = [SequenceExample.from_training_sample(conj.prompt_ids[s.rollout.problem_id], s) for s in conj_samples]
@@ -170,15 +216,23 @@ def run_iteration(
     solver_samples, solver_examples = _solver_data(settings, proved, new_proofs, ei_buffer)
     # 9: updates (one epoch each; a shared model trains on both sets at once)
     if roles.shared:
-        out.update(_train(roles.solver, solver_examples + conj_examples, seed + iteration, "solver"))
+        with roles.training(SOLVER) as trainer:
+            out.update(_train(trainer, solver_examples + conj_examples, seed + iteration, "solver", ctx.progress))
     else:
-        out.update(_train(roles.solver, solver_examples, seed + iteration, "solver"))
+        with roles.training(SOLVER) as trainer:
+            out.update(_train(trainer, solver_examples, seed + iteration, "solver", ctx.progress))
         if settings.train_conjecturer:
-            out.update(_train(roles.conjecturer, conj_examples, seed + iteration + 1, "conjecturer"))
+            with roles.training(CONJECTURER) as trainer:
+                out.update(_train(trainer, conj_examples, seed + iteration + 1, "conjecturer", ctx.progress))
     # 10: bookkeeping
     conj_generated = conj.generated if conj else 0
     out[M.ITERATION_SOLVE_RATE] = sum(r > 0 for r in rates[:num_targets]) / len(target_set)
     out[M.CUMULATIVE_SOLVE_RATE] = target_set.solved_fraction()
+    # Per group, as above: a target not sampled (Expert Iteration's full stores) counts as unsolved.
+    target_rates = dict(zip((p.id for p in problems[:num_targets]), rates[:num_targets]))
+    for group, ids in target_set.groups().items():  # the hard split and the difficulty bands
+        out[f"{M.CUMULATIVE_SOLVE_RATE}/{group}"] = target_set.solved_fraction(ids)
+        out[f"{M.ITERATION_SOLVE_RATE}/{group}"] = float(np.mean([target_rates.get(i, 0.0) > 0 for i in ids])) if ids else 0.0
     out["targets/newly_solved"] = float(newly_solved)
     out["targets/sampled"] = float(num_targets)
     # Samples really drawn: a prompt skipped as too long has no attempts and adds nothing.
@@ -201,14 +255,17 @@ def run_iteration(
         out["conjectures/duplicates"] = float(conj.duplicates)
         out["conjectures/generated"] = float(conj.generated)
         out[M.CONJECTURE_KEPT] = float(len(conj_examples))
-        shape = summarize_statements([c.statement for c in kept])
+        shape = summarize_statements([c.statement for c in proposed])
         if shape.parsed:
             out[M.CONJECTURE_DISJUNCTIVE_FRACTION] = shape.disjunctive_fraction
             out[M.CONJECTURE_MEAN_CONCLUSION_LENGTH] = shape.mean_conclusion_length
             out[M.CONJECTURE_MEAN_CLAUSES] = shape.mean_clauses
+        out.update(statement_fractions([c.statement for c in proposed], exact=settings.exact_statement_facts))
     out["synthetic_solve_rates"] = list(conj_rates)
-    out["examples"] = {  # the run logs the first run.log_examples of each
+    out["examples"] = {  # the run logs the first run.log_examples of each (the conjecture lists are aligned)
         "conjectures": [c.statement for c in kept],
+        "conjecture_solve_rates": [float(r) for r in conj_rates],
+        "guide_replies": guide_replies,  # None: not scored (solve rate outside (0, p70], or no Guide)
         "proofs": [a.proof for g in proved.attempts for a in g if a.verified],
     }
     out["iteration/seconds"] = time.perf_counter() - start

@@ -18,6 +18,7 @@ import numpy as np
 from sgs_jax.models.tokenizer import encode_chat
 from sgs_jax.sampling import Completions, Sampler, SamplingParams
 from sgs_jax.sgs import extraction, prompts
+from sgs_jax.sgs.progress import sampler_callback
 from sgs_jax.sgs.types import Attempt, ChatMessage, Conjecture, GuideScores, Problem, Rollout, Target, token_array
 from sgs_jax.sgs.rewards import parse_guide_reply
 from sgs_jax.verify import Status, Verifier, VerifyRequest
@@ -34,6 +35,7 @@ class PhaseContext:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    progress: Any = None  # a sgs_jax.sgs.progress.RunProgress to show sampling progress (None: quiet)
 
     @classmethod
     def from_config(cls, cfg, sampler: Sampler, tokenizer, verifier: Verifier, templates: prompts.PromptTemplates) -> "PhaseContext":
@@ -98,7 +100,8 @@ def sample_messages(
     problems = ctx.sampler.validate_prompts(encoded, params)
     indices = tuple(i for i in range(len(encoded)) if i not in problems)
     ids = tuple(token_array(encoded[i]) for i in indices)
-    completions = ctx.sampler.generate(model, ids, params, tokenizer=ctx.tokenizer) if ids else Completions.empty()
+    completions = (ctx.sampler.generate(model, ids, params, tokenizer=ctx.tokenizer, progress=sampler_callback(ctx.progress))
+                   if ids else Completions.empty())
     return Sampled(indices, ids, completions, len(problems))
 
 
@@ -160,6 +163,32 @@ def conjecture_phase(
         skipped_prompts=sampled.skipped,
         tokens=tokens,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class StatementCheck:
+    """conjectures: the phase with its ill-formed conjectures (and their rollouts) dropped.
+    ill_formed: dropped. errors: checks that ended in a system error or timeout (kept)."""
+
+    conjectures: ConjecturePhase
+    ill_formed: int
+    errors: int
+
+
+def statement_check_phase(ctx: PhaseContext, conj: ConjecturePhase, headers: dict[str, str]) -> StatementCheck:
+    """Elaborate every kept conjecture with `sorry` (`Verifier.check_statement`) under its
+    target's header, and drop those that do not elaborate before k proofs are spent on
+    them. A check that could not decide (system error, timeout) keeps the conjecture."""
+    futures = [ctx.verifier.check_statement(headers[c.target_id], c.statement) for c in conj.kept]
+    statuses = [f.result().status for f in futures]
+    undecided = (Status.SYSTEM_ERROR, Status.TIMEOUT)
+    keep = [s is Status.VERIFIED or s in undecided for s in statuses]
+    checked = dataclasses.replace(
+        conj,
+        kept=tuple(c for c, k in zip(conj.kept, keep) if k),
+        rollouts=tuple(r for r, k in zip(conj.rollouts, keep) if k),
+    )
+    return StatementCheck(checked, keep.count(False), sum(s in undecided for s in statuses))
 
 
 # ---- prove + verify -----------------------------------------------------------------------
@@ -248,11 +277,13 @@ def prove_phase(
 
 @dataclasses.dataclass(frozen=True)
 class GuidePhase:
-    """scores[i]: parsed rubric scores of pair i, None when the reply was unparsable."""
+    """scores[i]: parsed rubric scores of pair i, None when the reply was unparsable.
+    replies[i]: the reply's text (None when the prompt did not fit)."""
 
     scores: tuple[GuideScores | None, ...]
     parse_failures: int
     tokens: int
+    replies: tuple[str | None, ...] = ()
 
 
 def guide_phase(
@@ -268,6 +299,8 @@ def guide_phase(
     messages = [prompts.guide_messages(target, conj, ctx.templates) for target, conj in pairs]
     sampled = sample_messages(ctx, model, messages, 1, max_new_tokens, None, seed)
     scores: list[GuideScores | None] = [None] * len(pairs)
+    replies: list[str | None] = [None] * len(pairs)
     for index, _, rows in sampled.groups():
-        scores[index] = parse_guide_reply(sampled.completions.text(rows[0]) or "")
-    return GuidePhase(tuple(scores), sum(s is None for s in scores), int(sampled.completions.lengths.sum()))
+        replies[index] = sampled.completions.text(rows[0]) or ""
+        scores[index] = parse_guide_reply(replies[index])
+    return GuidePhase(tuple(scores), sum(s is None for s in scores), int(sampled.completions.lengths.sum()), tuple(replies))

@@ -1,7 +1,9 @@
-"""A role's weights at a saved iteration of a run, for evaluation (`sgs-eval`) and export (`sgs-export`).
+"""A role's weights at a saved iteration of a run, for evaluation (`sgs-eval`) and export
+(`sgs-export`, and a run's own exports every `run.export_every` iterations).
 
     cfg = load_run_config(run_dir)                                  # the run's config.json
     model, iteration = load_role(run_dir, "solver", None, mesh)    # newest checkpoint
+    write_export(model, tokenizer, out, export_record(cfg, run_dir, "solver", iteration, model.config.param_dtype))
 
 Iteration N is the checkpoint written after N completed iterations (the numbering of
 `metrics.jsonl`); iteration 0 is where the run started, the base checkpoint, for Solver and
@@ -16,8 +18,10 @@ role), so exporting a 7B Solver needs the memory of one model.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 
 import jax
 from flax import nnx
@@ -25,6 +29,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from sgs_jax.checkpoint import RunCheckpointer
+from sgs_jax.faults import fault_point
 from sgs_jax.models import Llama, ModelConfig, abstract_model
 from sgs_jax.models.hf_io import _resolve_checkpoint_dir
 from sgs_jax.parallel import state_shardings
@@ -32,6 +37,11 @@ from sgs_jax.sgs import bootstrap
 from sgs_jax.sgs.roles import CONJECTURER_FROZEN, CONJECTURER_NONE, CONJECTURER_SHARED, conjecturer_weights
 
 ROLES = ("solver", "conjecturer", "guide")
+EXPORT_INFO = "sgs_export.json"  # what was exported, written next to the weights
+# An export is written to OUT + _STAGING + pid, then renamed to OUT; an earlier export it
+# replaces is moved to OUT + _REPLACED + pid first and deleted after.
+_STAGING = ".partial-"
+_REPLACED = ".replaced-"
 
 
 class RunDirError(ValueError):
@@ -126,3 +136,69 @@ def _load_guide(cfg, run_dir: str, mesh: Mesh) -> Llama:
     if not cfg.model.guide_checkpoint and not os.path.exists(os.path.join(path, "config.json")):
         raise RunDirError(f"the Guide stage of {run_dir} has not finished: no Guide checkpoint in {path}")
     return bootstrap.load_model(cfg, path, mesh)
+
+
+# ---- exports ------------------------------------------------------------------------------
+def export_record(cfg, run_dir: str | os.PathLike, role: str, iteration: int, dtype: str) -> dict:
+    """What an export holds (its sgs_export.json): the run, experiment, role, iteration,
+    stored dtype and the base checkpoint the run started from."""
+    return {
+        "run": os.path.abspath(os.fspath(run_dir)),
+        "experiment": cfg.experiment,
+        "role": role,
+        "iteration": int(iteration),
+        "dtype": dtype,
+        "base_checkpoint": cfg.model.checkpoint,
+    }
+
+
+def check_export_dir(out: str | os.PathLike, overwrite: bool) -> None:
+    """Raise ValueError unless `out` is absent, empty, or (with `overwrite`) an earlier export."""
+    out = os.fspath(out)
+    if not os.path.isdir(out) or not os.listdir(out):
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise ValueError(f"{out} exists and is not a directory")
+        return
+    if not overwrite:
+        raise ValueError(f"{out} is not empty; pass --overwrite to replace what is there")
+    if not os.path.exists(os.path.join(out, EXPORT_INFO)):
+        raise ValueError(f"{out} holds no earlier export (no {EXPORT_INFO}); refusing to replace it")
+
+
+def write_export(model: Llama, tokenizer, out: str | os.PathLike, record: dict, max_shard_bytes: int = 4 << 30,
+                 overwrite: bool = False) -> str:
+    """Write `model` (+ `tokenizer` and its chat template) as a Hugging Face checkpoint in
+    `out`, with `record` as sgs_export.json; returns the absolute path.
+
+    Atomic for a reader of `out`: the files go to a staging directory beside it, renamed to
+    `out` once complete, so a process killed mid-export leaves `out` absent (or holding
+    the previous complete export), never half written; stale staging directories of `out`
+    are removed by the next export to it. `overwrite` replaces an earlier export
+    (`check_export_dir`). Every process calls this on multi-host runs; process 0 writes.
+    """
+    from sgs_jax.models import save_hf
+
+    out = os.path.abspath(os.fspath(out))
+    check_export_dir(out, overwrite)
+    writer = jax.process_index() == 0
+    staging = f"{out}{_STAGING}{os.getpid()}"
+    if writer:
+        for stale in glob.glob(glob.escape(out + _STAGING) + "*") + glob.glob(glob.escape(out + _REPLACED) + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    save_hf(model, staging, max_shard_bytes=max_shard_bytes, tokenizer=tokenizer)
+    if not writer:
+        return out
+    with open(os.path.join(staging, EXPORT_INFO), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+    fault_point("export", out)
+    replaced = None
+    if os.path.isdir(out):
+        if os.listdir(out):
+            replaced = f"{out}{_REPLACED}{os.getpid()}"
+            os.rename(out, replaced)
+        else:
+            os.rmdir(out)
+    os.rename(staging, out)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+    return out

@@ -3,7 +3,10 @@
 Files use the D3k format (docs/method.md, Section 3):
 `{"iterations": [...], "target_statements": {ID: {"id", "header", "theorem", "tag",
 "source", "proofs": [...]}}}`. A run saves its state in the same format, with every
-target's verified proofs filled in, so a state file is also a valid target file.
+target's verified proofs filled in, so a state file is also a valid target file. Any other
+field of a target entry (the testbed's `difficulty`, `band`, `hard`, ...) is kept in
+`TargetSet.records` and written back, so the state file keeps each target's difficulty
+and split; `groups` turns the `hard` and `band` fields into named target groups.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from sgs_jax.sgs.types import Target
 
 DEFAULT_HUB_ID = "LukeBailey181Pub/D_3k"
 DEFAULT_HUB_FILE = "D_3k_prover_dataset.json"
+CORE_FIELDS = ("id", "header", "theorem", "proofs")  # the fields `Target` and the proofs hold
 
 
 class TargetFileError(ValueError):
@@ -80,19 +84,34 @@ def download_from_hub(hub_id: str = DEFAULT_HUB_ID, filename: str = DEFAULT_HUB_
             f"cannot get {filename} of the dataset {hub_id!r} from the Hugging Face hub "
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'}). "
             f"Where the hub is reachable: `hf download --repo-type dataset {hub_id} {filename} --local-dir DIR`, "
-            f"then run with targets.source='file' and targets.path='DIR/{filename}'"
+            f"then run with --config.targets.source=file --config.targets.path=DIR/{filename}"
         ) from err
 
 
-class TargetSet:
-    """Targets plus their verified proofs (at most `max_proofs` kept per target)."""
+def target_records(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Target id -> the entry's fields beyond CORE_FIELDS (tag, source, difficulty, ...),
+    from an already validated D3k-format dict."""
+    return {str(entry.get("id", key)): {f: v for f, v in entry.items() if f not in CORE_FIELDS}
+            for key, entry in data["target_statements"].items()}
 
-    def __init__(self, targets: Iterable[Target], proofs: dict[str, list[str]] | None = None, max_proofs: int = 16):
+
+class TargetSet:
+    """Targets plus their verified proofs (at most `max_proofs` kept per target).
+
+    records: target id -> the other fields of its entry, kept verbatim (may be empty)."""
+
+    def __init__(self, targets: Iterable[Target], proofs: dict[str, list[str]] | None = None, max_proofs: int = 16,
+                 records: dict[str, dict[str, Any]] | None = None):
         self.targets = tuple(targets)
         self.by_id = {t.id: t for t in self.targets}
         self.max_proofs = max_proofs
         self.proofs: dict[str, list[str]] = {t.id: list((proofs or {}).get(t.id, []))[:max_proofs] for t in self.targets}
+        self.records: dict[str, dict[str, Any]] = {t.id: dict((records or {}).get(t.id, {})) for t in self.targets}
         self.iterations: list[dict[str, Any]] = []
+
+    def first(self, count: int) -> "TargetSet":
+        """The first `count` targets, with their proofs and records."""
+        return TargetSet(self.targets[:count], self.proofs, self.max_proofs, self.records)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -107,9 +126,24 @@ class TargetSet:
     def num_solved(self) -> int:
         return sum(1 for t in self.targets if self.proofs[t.id])
 
-    def solved_fraction(self) -> float:
-        """Cumulative solve rate: solved targets / |D|."""
-        return self.num_solved() / len(self.targets)
+    def solved_fraction(self, ids: Iterable[str] | None = None) -> float:
+        """Cumulative solve rate: solved targets / |D| (or over the targets `ids`; 0 for none)."""
+        if ids is None:
+            return self.num_solved() / len(self.targets)
+        ids = list(ids)
+        return sum(1 for i in ids if self.proofs[i]) / len(ids) if ids else 0.0
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        """Named groups of target ids from the records: "hard" (records with `hard` true,
+        when any record has the field) and "band/<name>" per `band` value, in file order."""
+        out: dict[str, list[str]] = {}
+        if any("hard" in r for r in self.records.values()):
+            out["hard"] = [t.id for t in self.targets if self.records[t.id].get("hard")]
+        for t in self.targets:
+            band = self.records[t.id].get("band")
+            if band is not None:
+                out.setdefault(f"band/{band}", []).append(t.id)
+        return {name: tuple(ids) for name, ids in out.items()}
 
     def record_proof(self, target_id: str, proof: str) -> bool:
         """Store a verified proof (dedup, capped); returns True if the target was unsolved."""
@@ -124,7 +158,8 @@ class TargetSet:
         return {
             "iterations": self.iterations,
             "target_statements": {
-                t.id: {"id": t.id, "header": t.header, "theorem": t.statement, "proofs": list(self.proofs[t.id])}
+                t.id: {"id": t.id, "header": t.header, "theorem": t.statement, **self.records[t.id],
+                       "proofs": list(self.proofs[t.id])}
                 for t in self.targets
             },
         }
@@ -132,7 +167,7 @@ class TargetSet:
     @classmethod
     def from_json(cls, data: dict[str, Any], max_proofs: int = 16, source: str = "<data>") -> "TargetSet":
         targets, proofs = parse_target_file(data, source)
-        target_set = cls(targets, proofs, max_proofs)
+        target_set = cls(targets, proofs, max_proofs, target_records(data))
         target_set.iterations = list(data.get("iterations", []))
         return target_set
 

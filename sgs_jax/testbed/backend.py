@@ -15,6 +15,8 @@ from collections import Counter
 from typing import Any
 
 from sgs_jax.testbed.checker import check_proof
+from sgs_jax.testbed.lexer import LeanSyntaxError
+from sgs_jax.testbed.parser import parse_statement
 from sgs_jax.verify.interface import Status, Verifier, VerifyRequest, VerifyResult, register_backend
 
 
@@ -40,6 +42,29 @@ def verify_request(request: VerifyRequest) -> VerifyResult:
     return VerifyResult.failure(status, result.reason, (message,), elapsed)
 
 
+def check_statement_request(header: str, statement: str) -> VerifyResult:
+    """The statement check of the testbed: the parser (Lean's elaboration of a statement in
+    this fragment: syntax, bound atoms, binders). Never raises."""
+    start = time.perf_counter()
+    if header.strip():
+        return VerifyResult.failure(Status.REJECTED, "prop backend: the header must be empty (core Lean, no imports)")
+    try:
+        parse_statement(statement)
+    except (LeanSyntaxError, RecursionError) as err:
+        reason = f"statement: {err}" if isinstance(err, LeanSyntaxError) else "statement: nesting too deep"
+        message = {"severity": "error", "pos": None, "endPos": None, "data": reason}
+        return VerifyResult.failure(Status.LEAN_ERROR, reason, (message,), time.perf_counter() - start)
+    except Exception as err:  # a parser bug must not take down the training loop
+        return VerifyResult.failure(Status.SYSTEM_ERROR, f"prop parser crashed: {err!r}", time_s=time.perf_counter() - start)
+    return VerifyResult(True, Status.VERIFIED, "", (), time.perf_counter() - start)
+
+
+def _done(result: VerifyResult) -> "concurrent.futures.Future[VerifyResult]":
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(result)
+    return future
+
+
 class PropVerifier(Verifier):
     """Verifier for the embedded propositional testbed (name `prop`); options are ignored
     except `workers`, which is accepted for config compatibility."""
@@ -59,9 +84,10 @@ class PropVerifier(Verifier):
         with self._lock:
             self._counts[result.status.value] += 1
             self._time_s += result.time_s
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        future.set_result(result)
-        return future
+        return _done(result)
+
+    def check_statement(self, header: str, statement: str) -> "concurrent.futures.Future[VerifyResult]":
+        return _done(check_statement_request(header, statement))
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

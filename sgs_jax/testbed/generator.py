@@ -1,14 +1,18 @@
-"""Random target sets of provable propositional statements, in the D3k JSON format.
+"""Random provable propositional statements, and the rules that make a target set of them.
 
 Knobs (`Knobs`): number of atoms, of premises, formula depth, and distractor premises
 (extra hypotheses that the proof does not need). A statement is kept only if it is
 intuitionistically provable, its premises are satisfiable (no ex-falso freebies), its
-conclusion is not literally a premise, and it is new. Each entry records the prover's
-proof length as `difficulty`.
+conclusion is not given (`hacks.conclusion_in_premises`), and it is new. Its proof is the prover's
+derivation with the unneeded steps pruned (`prune.prune_proof`); `difficulty` is that
+proof's tactic count, and `band` the difficulty band it falls in (`BANDS`).
 
-    python -m sgs_jax.testbed.generator --out sgs_jax/testbed/data/targets.json
-regenerates the packaged default set (fixed seed; `--count`, `--seed`, or a single knob
-setting with `--atoms/--premises/--depth/--distractors`).
+The packaged target set (`data/targets.json`) is chosen from `candidate_pool()` by
+`select_targets`, with the packaged base model's measured solve rates; the builder that
+runs the model is `python -m sgs_jax.sgs.testbed_targets` (docs/testbed.md). A single knob
+setting can be sampled without a model:
+
+    python -m sgs_jax.testbed.generator --out statements.json --atoms 4 --premises 3 --depth 3
 """
 
 from __future__ import annotations
@@ -16,19 +20,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import pathlib
 import random
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
-from sgs_jax.testbed.formula import (FALSE, TRUE, And, Atom, Formula, Iff, Imp, Not, Or, evaluate,
-                                     atoms as atoms_of, unfold_not)
-from sgs_jax.testbed.parser import Statement
+from sgs_jax.testbed.formula import FALSE, TRUE, And, Atom, Formula, Iff, Imp, Not, Or, evaluate, atoms as atoms_of, unfold_not
+from sgs_jax.testbed.hacks import conclusion_in_premises, is_disjunctive
+from sgs_jax.testbed.parser import Statement, parse_statement
 from sgs_jax.testbed.prover import SearchBudgetExceeded, prove_statement
+from sgs_jax.testbed.prune import proof_length, prune_proof
 
 ATOM_NAMES = ("p", "q", "r", "s", "t", "u")
 HYP_NAMES = tuple(f"h{d}" for d in "₀₁₂₃₄₅₆₇₈₉")
 MAX_LENGTH = 60  # longer proofs do not fit a tiny model's context
 DEFAULT_PATH = pathlib.Path(__file__).resolve().parent / "data" / "targets.json"
+# Difficulty bands (name, lowest, highest pruned proof length), logged per band as
+# `cumulative_solve_rate/band/<name>`; the packaged base model proves most `low`
+# statements and few `high` ones (docs/testbed.md has the measured rates).
+BANDS = (("low", 0, 8), ("mid", 9, 16), ("high", 17, MAX_LENGTH))
+# D3k's share of statements with a disjunctive conclusion is about 4-8% (method.md §3).
+TARGET_DISJUNCTIVE_FRACTION = 0.06
 
 # (connective, weight) for inner nodes: implication and conjunction dominate, as in
 # textbook exercises; ↔ and the constants are rarer.
@@ -47,10 +59,21 @@ class Knobs:
 
 @dataclasses.dataclass(frozen=True)
 class Generated:
+    """statement, its pruned prover proof (body after `:= by`), that proof's tactic
+    count (`difficulty`) and the knobs it was drawn with."""
+
     statement: Statement
     proof: str
     difficulty: int
     knobs: Knobs
+
+
+def band_of(difficulty: int) -> str:
+    """The name of the difficulty band (`BANDS`) holding `difficulty`."""
+    for name, low, high in BANDS:
+        if low <= difficulty <= high:
+            return name
+    raise ValueError(f"difficulty {difficulty} lies outside every band {BANDS}")
 
 
 def random_formula(rng: random.Random, names: tuple[str, ...], depth: int) -> Formula:
@@ -76,9 +99,11 @@ def satisfiable(formulas: Iterable[Formula], names: tuple[str, ...]) -> bool:
 
 
 def generate_one(rng: random.Random, knobs: Knobs, name: str, max_tries: int = 2000,
-                 max_nodes: int = 20_000, max_length: int = MAX_LENGTH) -> Optional[Generated]:
-    """Rejection-sample one provable statement with these knobs whose prover proof has
-    2..max_length tactics (None if none found)."""
+                 max_nodes: int = 20_000, min_length: int = 2, max_length: int = MAX_LENGTH,
+                 disjunctive: bool | None = None) -> Optional[Generated]:
+    """Rejection-sample one provable statement with these knobs whose pruned prover proof
+    has min_length..max_length tactics (None if none found). `disjunctive`: require
+    (True) or forbid (False) a disjunctive conclusion; None takes what comes."""
     names = ATOM_NAMES[: knobs.atoms]
     for _ in range(max_tries):
         premises = [random_formula(rng, names, rng.randint(1, knobs.depth)) for _ in range(knobs.premises)]
@@ -94,35 +119,52 @@ def generate_one(rng: random.Random, knobs: Knobs, name: str, max_tries: int = 2
             continue
         atoms = tuple(n for n in names if n in set().union(used, *(atoms_of(d) for d in distractors)))
         statement = Statement(name, atoms, tuple(zip(HYP_NAMES, hyps)), conclusion)
+        if conclusion_in_premises(statement):  # `q → p → p` and the like: nothing to prove
+            continue
+        if disjunctive is not None and is_disjunctive(statement) != disjunctive:
+            continue
         try:
             result = prove_statement(statement, max_nodes)
         except SearchBudgetExceeded:
             continue
-        if result.provable and 2 <= result.length <= max_length:
-            return Generated(statement, result.proof_text(), result.length, knobs)
+        if not (result.provable and min_length <= result.length):
+            continue
+        proof = prune_proof(statement, result.proof_text())
+        length = proof_length(proof)
+        if min_length <= length <= max_length:
+            return Generated(statement, proof, length, knobs)
     return None
 
 
-def generate(knob_list: list[Knobs], count: int, seed: int, prefix: str = "prop") -> list[Generated]:
-    """`count` distinct statements, cycling through `knob_list`, reproducible from `seed`."""
+def generate(knob_list: list[Knobs], count: int, seed: int, prefix: str = "prop",
+             disjunctive_fraction: float | None = None, min_length: int = 2) -> list[Generated]:
+    """`count` distinct statements, cycling through `knob_list`, reproducible from `seed`.
+
+    disjunctive_fraction: when set, the share of statements with a disjunctive conclusion
+    is held at this value (each draw asks for one when the running share is below it);
+    None keeps the knobs' natural share (about 45%)."""
     rng = random.Random(seed)
     out, seen = [], set()
-    attempts = 0
+    attempts = disjunctive_count = 0
     while len(out) < count and attempts < count * 20:
         knobs = knob_list[attempts % len(knob_list)]
         attempts += 1
-        item = generate_one(rng, knobs, f"{prefix}_{len(out):04d}")
+        want = None
+        if disjunctive_fraction is not None:
+            want = disjunctive_count < disjunctive_fraction * (len(out) + 1)
+        item = generate_one(rng, knobs, f"{prefix}_{len(out):04d}", min_length=min_length, disjunctive=want)
         if item is None:
             continue
         key = (item.statement.hypotheses, item.statement.conclusion)
         if key in seen:
             continue
         seen.add(key)
+        disjunctive_count += is_disjunctive(item.statement)
         out.append(item)
     return out
 
 
-# The default mix: from one-step exercises to multi-premise, distractor-laden ones.
+# The warm-start corpus mix: from one-step exercises to multi-premise, distractor-laden ones.
 DEFAULT_MIX = [
     Knobs(atoms=2, premises=0, depth=2),
     Knobs(atoms=2, premises=1, depth=2),
@@ -131,14 +173,119 @@ DEFAULT_MIX = [
     Knobs(atoms=3, premises=1, depth=3),
     Knobs(atoms=3, premises=3, depth=3, distractors=1),
     Knobs(atoms=4, premises=3, depth=3),
-    Knobs(atoms=4, premises=2, depth=4, distractors=2),
+    Knobs(atoms=4, premises=4, depth=3),
+    Knobs(atoms=4, premises=3, depth=3, distractors=1),
+    Knobs(atoms=5, premises=4, depth=3, distractors=1),
 ]
+# The candidates the target set is chosen from: the corpus's harder knobs, multi-step.
+POOL_MIX = [
+    Knobs(atoms=3, premises=2, depth=2, distractors=1),
+    Knobs(atoms=3, premises=3, depth=3, distractors=1),
+    Knobs(atoms=4, premises=3, depth=3),
+    Knobs(atoms=4, premises=4, depth=3),
+    Knobs(atoms=4, premises=3, depth=3, distractors=1),
+    Knobs(atoms=5, premises=4, depth=3, distractors=1),
+]
+POOL_SIZE = 1200
+POOL_SEED = 0
+POOL_MIN_LENGTH = 4  # one- to three-step exercises teach nothing about lemmas
+CORPUS_DISJUNCTIVE_FRACTION = 0.12  # a little above the targets', so the models know disjunctions
 
 
-def to_d3k_json(items: list[Generated], source: str = "prop_testbed") -> dict:
-    """The D3k target-set format, plus `difficulty` (prover proof length) and `knobs`."""
+def candidate_pool(count: int = POOL_SIZE, seed: int = POOL_SEED) -> list[Generated]:
+    """The statements the packaged target set is chosen from (deterministic; the
+    warm-start corpus excludes all of them)."""
+    return generate(POOL_MIX, count, seed, prefix="pool", disjunctive_fraction=TARGET_DISJUNCTIVE_FRACTION,
+                    min_length=POOL_MIN_LENGTH)
+
+
+def statement_body(statement: str) -> str:
+    """A statement without its `theorem NAME` head, whitespace collapsed (equal bodies
+    are the same problem)."""
+    parts = statement.split(None, 2)
+    return " ".join(parts[2].split()) if len(parts) == 3 else statement
+
+
+# ---- choosing the target set ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A pool statement with what the selection needs.
+
+    base_solve_rate: fraction of the base model's calibration samples that verified.
+    useful_lemmas: lemmas on its derivation that the Guide teacher rates relevance >= 4
+    (a Conjecturer that proposes one shortens the proof by a quarter or more)."""
+
+    item: Generated
+    base_solve_rate: float
+    useful_lemmas: int
+
+    @property
+    def hard(self) -> bool:
+        """The hard split: no calibration sample of the base model verified."""
+        return self.base_solve_rate == 0.0
+
+
+def expected_pass_at(rate: float, k: int) -> float:
+    """P(at least one of k independent samples verifies) for a per-sample rate."""
+    return 1.0 - (1.0 - rate) ** k
+
+
+def select_targets(candidates: Sequence[Candidate], count: int, seed: int, iteration1_solve_rate: float = 0.15,
+                   k: int = 8, disjunctive_fraction: float = TARGET_DISJUNCTIVE_FRACTION) -> list[Candidate]:
+    """The target set, in file order.
+
+    Base-solvable candidates (rate > 0) are drawn at random until the set's expected
+    pass@k at iteration 1 (each target's `expected_pass_at(rate, k)`, hard ones counted
+    as 0) reaches `iteration1_solve_rate`; the rest are hard candidates with at least one
+    useful lemma (within a lemma's reach). Disjunctive conclusions are capped at
+    `disjunctive_fraction` of the set. The order interleaves (hard, band) strata evenly,
+    so any prefix (`targets.limit`) has about the set's composition. Raises ValueError
+    when the pool cannot fill the set."""
+    rng = random.Random(seed)
+    pool = list(candidates)
+    rng.shuffle(pool)
+    max_disjunctive = math.floor(disjunctive_fraction * count)
+    chosen: list[Candidate] = []
+    disjunctive = 0
+    expected = 0.0
+
+    def take(c: Candidate) -> bool:
+        nonlocal disjunctive
+        d = is_disjunctive(c.item.statement)
+        if d and disjunctive >= max_disjunctive:
+            return False
+        disjunctive += d
+        chosen.append(c)
+        return True
+
+    for c in pool:
+        if expected >= iteration1_solve_rate * count or len(chosen) == count:
+            break
+        if not c.hard and take(c):
+            expected += expected_pass_at(c.base_solve_rate, k)
+    for c in pool:
+        if len(chosen) == count:
+            break
+        if c.hard and c.useful_lemmas > 0:
+            take(c)
+    if len(chosen) < count:
+        raise ValueError(f"the pool holds only {len(chosen)} suitable candidates for {count} targets")
+    strata: dict[tuple[bool, str], list[Candidate]] = {}
+    for c in chosen:
+        strata.setdefault((c.hard, band_of(c.item.difficulty)), []).append(c)
+    keyed = [((i + rng.random()) / len(group), c) for group in strata.values() for i, c in enumerate(group)]
+    return [c for _, c in sorted(keyed, key=lambda kc: kc[0])]
+
+
+def to_d3k_json(items: list[Generated], source: str = "prop_testbed",
+                extra: Sequence[dict] | None = None) -> dict:
+    """The D3k target-set format, plus `difficulty` (pruned prover proof length), `band`,
+    `knobs` and, per item, the fields of `extra[i]` (the builder's `base_solve_rate`,
+    `hard`, `useful_lemmas`)."""
     targets = {}
-    for item in items:
+    for i, item in enumerate(items):
         sid = item.statement.name
         targets[sid] = {
             "id": sid,
@@ -148,9 +295,19 @@ def to_d3k_json(items: list[Generated], source: str = "prop_testbed") -> dict:
             "source": source,
             "proofs": [],
             "difficulty": item.difficulty,
+            "band": band_of(item.difficulty),
             "knobs": dataclasses.asdict(item.knobs),
+            **(extra[i] if extra else {}),
         }
     return {"iterations": [], "target_statements": targets}
+
+
+def target_file(selected: Sequence[Candidate], prefix: str = "prop") -> dict:
+    """The target-set file of selected candidates, renamed `prefix_0000`, ... in order."""
+    items = [dataclasses.replace(c.item, statement=dataclasses.replace(c.item.statement, name=f"{prefix}_{i:04d}"))
+             for i, c in enumerate(selected)]
+    extra = [{"base_solve_rate": c.base_solve_rate, "hard": c.hard, "useful_lemmas": c.useful_lemmas} for c in selected]
+    return to_d3k_json(items, extra=extra)
 
 
 def load_targets(path: pathlib.Path | str = DEFAULT_PATH) -> dict:
@@ -166,6 +323,21 @@ def difficulty_histogram(entries: Iterable[dict]) -> dict[int, int]:
     return dict(sorted(hist.items()))
 
 
+def describe(entries: Sequence[dict]) -> str:
+    """A short text summary of a target set: size, disjunctive share, bands, hard split."""
+    n = len(entries)
+    disjunctive = sum(is_disjunctive(parse_statement(e["theorem"])) for e in entries)
+    lines = [f"{n} statements, {disjunctive / n:.1%} with a disjunctive conclusion"]
+    for name, low, high in BANDS:
+        band = [e for e in entries if low <= e["difficulty"] <= high]
+        lines.append(f"  band {name:4s} (difficulty {low}-{high}): {len(band)}")
+    if entries and "hard" in entries[0]:
+        hard = sum(bool(e["hard"]) for e in entries)
+        expected = sum(expected_pass_at(e["base_solve_rate"], 8) for e in entries) / n
+        lines.append(f"  hard split: {hard} ({hard / n:.1%}); expected base pass@8 {expected:.1%}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=pathlib.Path, required=True)
@@ -175,25 +347,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--premises", type=int)
     ap.add_argument("--depth", type=int)
     ap.add_argument("--distractors", type=int)
+    ap.add_argument("--disjunctive-fraction", type=float, default=TARGET_DISJUNCTIVE_FRACTION)
     args = ap.parse_args(argv)
+    base = Knobs()
     single = [args.atoms, args.premises, args.depth, args.distractors]
-    if any(v is not None for v in single):
-        base = Knobs()
-        knob_list = [Knobs(*(v if v is not None else getattr(base, f.name)
-                             for v, f in zip(single, dataclasses.fields(Knobs))))]
-    else:
-        knob_list = DEFAULT_MIX
-    items = generate(knob_list, args.count, args.seed)
+    knob_list = [Knobs(*(v if v is not None else getattr(base, f.name) for v, f in zip(single, dataclasses.fields(Knobs))))]
+    if all(v is None for v in single):
+        knob_list = POOL_MIX
+    items = generate(knob_list, args.count, args.seed, disjunctive_fraction=args.disjunctive_fraction)
     data = to_d3k_json(items)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    hist = difficulty_histogram(data["target_statements"].values())
     print(f"wrote {len(items)} statements to {args.out}")
-    print("difficulty (prover proof length): count")
-    for lo in range(0, max(hist) + 1, 5):
-        n = sum(c for length, c in hist.items() if lo <= length < lo + 5)
-        if n:
-            print(f"  {lo:3d}-{lo + 4:<3d}: {n:4d} {'#' * (n // 2)}")
+    print(describe(list(data["target_statements"].values())))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 
 - relevance 0–5: how much the conjecture, used as a lemma (its hypotheses curried onto
   its conclusion, added as a premise of the target), shortens the prover's proof of the
-  target. 0 when identical to the target, trivial, or sharing no proposition with it.
+  target. 0 when identical to the target, sharing no proposition with it, or trivial:
+  its claim is given (`hacks.conclusion_in_premises`) or it pads a disjunction around a
+  disjunct that already follows (`hacks.easy_disjunct`), the Conjecturer's reward hacks.
 - redundancy 0/1: 1 when the conjecture stays provable after dropping some hypothesis.
 - conclusion complexity 0–4: from the conclusion's shape (atoms, cohesive conjunctions,
   related or unrelated disjunctions, nesting depth).
@@ -14,13 +16,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from sgs_jax.testbed.formula import (Atom, Bot, Formula, Imp, Not, Top, atoms, conjuncts, depth,
-                                     disjuncts, show, unfold_not)
+from sgs_jax.testbed.formula import Atom, Bot, Formula, Imp, Not, Top, atoms, conjuncts, depth, disjuncts, show, unfold_not
+from sgs_jax.testbed.hacks import MAX_NODES, conclusion_in_premises, easy_disjunct, provable, redundant_hypothesis
 from sgs_jax.testbed.lexer import LeanSyntaxError
 from sgs_jax.testbed.parser import Statement, parse_statement
-from sgs_jax.testbed.prover import SearchBudgetExceeded, is_provable, prove_statement
-
-MAX_NODES = 20_000
+from sgs_jax.testbed.prover import SearchBudgetExceeded, prove_statement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +92,6 @@ def _proof_length(s: Statement) -> int | None:
     return result.length if result.provable else None
 
 
-def _provable(hyps: tuple[Formula, ...], goal: Formula) -> bool:
-    try:
-        return is_provable(hyps, goal, MAX_NODES)
-    except SearchBudgetExceeded:
-        return False
-
-
 def relevance(target: Statement, conj: Statement) -> tuple[int, str]:
     """Rubric relevance 0–5 with a reason."""
     t_hyps = sorted(show(f) for _, f in target.hypotheses)
@@ -106,8 +99,10 @@ def relevance(target: Statement, conj: Statement) -> tuple[int, str]:
     if t_hyps == c_hyps and target.conclusion == conj.conclusion:
         return 0, "The conjecture is the target itself."
     c_prems = tuple(f for _, f in conj.hypotheses)
-    if isinstance(conj.conclusion, Top) or any(unfold_not(p) == unfold_not(conj.conclusion) for p in c_prems):
+    if conclusion_in_premises(conj):
         return 0, "The conjecture is trivial: its conclusion is given."
+    if easy_disjunct(conj) is not None:
+        return 0, "The conjecture is trivial: one disjunct already follows, the rest is padding."
     t_atoms = set(target.atoms) & set().union(atoms(target.conclusion), *(atoms(f) for _, f in target.hypotheses))
     c_atoms = set().union(atoms(conj.conclusion), *(atoms(f) for f in c_prems))
     if not (t_atoms & c_atoms):
@@ -117,7 +112,7 @@ def relevance(target: Statement, conj: Statement) -> tuple[int, str]:
     # When the target already gives the conjecture's hypotheses, its conclusion can be
     # used directly; otherwise the lemma enters as an implication. It goes first so the
     # prover tries it first.
-    lemma = conj.conclusion if all(_provable(t_prems, h) for h in c_prems) else _as_lemma(conj)
+    lemma = conj.conclusion if all(provable(t_prems, h) for h in c_prems) else _as_lemma(conj)
     helped = _proof_length(dataclasses.replace(target, hypotheses=(("lemma", lemma),) + target.hypotheses))
     if base and helped is not None and helped < base:
         gain = (base - helped) / base
@@ -133,13 +128,10 @@ def relevance(target: Statement, conj: Statement) -> tuple[int, str]:
 
 def redundancy(conj: Statement) -> tuple[int, str]:
     """1 if the conjecture is provable and stays so without one of its hypotheses."""
-    prems = tuple(f for _, f in conj.hypotheses)
-    if not prems or not _provable(prems, conj.conclusion):
-        return 0, "No hypothesis can be dropped."
-    for i, (name, _) in enumerate(conj.hypotheses):
-        if _provable(prems[:i] + prems[i + 1 :], conj.conclusion):
-            return 1, f"Hypothesis {name} is not needed for the conclusion."
-    return 0, "Every hypothesis is needed."
+    name = redundant_hypothesis(conj)
+    if name is not None:
+        return 1, f"Hypothesis {name} is not needed for the conclusion."
+    return 0, "Every hypothesis is needed." if conj.hypotheses else "No hypothesis can be dropped."
 
 
 def score(target_statement: str, conjecture_statement: str) -> GuideScores:

@@ -63,6 +63,11 @@ class VerifyRequest:
         """Cache key: the same (header, statement, proof) is never checked twice."""
         return (self.header, self.statement, self.proof)
 
+    @classmethod
+    def statement_check(cls, header: str, statement: str) -> "VerifyRequest":
+        """The request a statement check elaborates: the statement with `sorry` as its proof."""
+        return cls(header, statement, "  sorry")
+
 
 @dataclasses.dataclass(frozen=True)
 class VerifyResult:
@@ -119,6 +124,14 @@ class Verifier(abc.ABC):
     def submit(self, request: VerifyRequest) -> "concurrent.futures.Future[VerifyResult]":
         """Queue one item; the future resolves to its `VerifyResult`. Neither raises,
         except `VerifierUnavailable` when the backend cannot check anything at all."""
+
+    def check_statement(self, header: str, statement: str) -> "concurrent.futures.Future[VerifyResult]":
+        """Elaborate a (model-written) `statement`, ending in `:= by`, under the trusted
+        `header` with `sorry` as its proof, before any proof is spent on it. The result
+        is VERIFIED when the statement is well-formed, LEAN_ERROR (or REJECTED) when it is
+        not, TIMEOUT / SYSTEM_ERROR as for proofs. Every backend implements it; the base
+        class only says that a backend does not."""
+        raise NotImplementedError(f"the {self.name!r} verifier has no statement check")
 
     def verify_batch(self, requests: Sequence[VerifyRequest]) -> list[VerifyResult]:
         """Check all items; results in input order."""

@@ -73,6 +73,18 @@ def check_in_session(session: _Session, request: VerifyRequest, name: str, timeo
     return VerifyResult(verdict.verified, verdict.status, verdict.reason, tuple(messages), elapsed)
 
 
+def statement_in_session(session: _Session, request: VerifyRequest, timeout_s: float) -> VerifyResult:
+    """Elaborate a statement-check request (statement + `sorry`) in a session (raises ReplError on faults)."""
+    start = time.monotonic()
+    command: dict[str, Any] = {"cmd": request.body()}
+    if session.env is not None:
+        command["env"] = session.env
+    reply = session.repl.send(command, timeout_s)
+    verdict = rules.judge_statement(reply)
+    messages = tuple(reply.get("messages") or []) if isinstance(reply, dict) else ()
+    return VerifyResult(verdict.verified, verdict.status, verdict.reason, messages, time.monotonic() - start)
+
+
 class LeanPool(Verifier):
     """Pool of Lean REPLs (see module docstring).
 
@@ -170,12 +182,17 @@ class LeanPool(Verifier):
         name = rules.theorem_name(request.statement)
         if name is None:
             return VerifyResult.failure(Status.REJECTED, "statement declares no named theorem")
+        return self._in_session(request.header, lambda session: check_in_session(session, request, name, self.timeout_s))
+
+    def _in_session(self, header: str, work) -> VerifyResult:
+        """`work(session)` in a session for `header`, with the pool's fault handling: a
+        crashed or garbled REPL is replaced and the work retried, a timeout is final."""
         last_error: ReplError | None = None
         for _ in range(1 + self.retries):
-            if request.header in self._bad_headers:
-                return VerifyResult.failure(Status.LEAN_ERROR, self._bad_headers[request.header])
+            if header in self._bad_headers:
+                return VerifyResult.failure(Status.LEAN_ERROR, self._bad_headers[header])
             try:
-                session = self._acquire(request.header)
+                session = self._acquire(header)
             except HeaderError as err:
                 return VerifyResult.failure(Status.LEAN_ERROR, str(err))
             except ReplError as err:
@@ -185,7 +202,7 @@ class LeanPool(Verifier):
             healthy = False
             start = time.monotonic()
             try:
-                result = check_in_session(session, request, name, self.timeout_s)
+                result = work(session)
                 healthy = True
                 return result
             except ReplTimeout:
@@ -199,6 +216,21 @@ class LeanPool(Verifier):
             finally:
                 self._release(session, healthy)
         return VerifyResult.failure(Status.SYSTEM_ERROR, f"REPL failed: {last_error}"[:300])
+
+    # ------------------------------------------------------------------ statement check
+
+    def check_statement(self, header: str, statement: str) -> "concurrent.futures.Future[VerifyResult]":
+        """One `theorem ... := by sorry` command in the header's environment (no axioms report)."""
+        if self._closed:
+            raise RuntimeError("LeanPool is closed")
+        return self._executor.submit(self._run_statement_check, VerifyRequest.statement_check(header, statement))
+
+    def _run_statement_check(self, request: VerifyRequest) -> VerifyResult:
+        self._stats.event("statement_check")
+        try:
+            return self._in_session(request.header, lambda session: statement_in_session(session, request, self.timeout_s))
+        except Exception as err:  # never let a future raise
+            return VerifyResult.failure(Status.SYSTEM_ERROR, f"internal error: {err!r}"[:200])
 
     def _note_fault(self, err: ReplError) -> None:
         kind = {ReplTimeout: "repl_timeout", ReplProtocolError: "repl_bad_reply"}.get(type(err), "repl_crash")

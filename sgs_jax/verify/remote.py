@@ -93,15 +93,25 @@ def split_header_imports(header: str) -> tuple[list[str], str]:
     return imports, "".join(rest)
 
 
-def remote_code(request: VerifyRequest, name: str) -> str:
-    """The snippet sent to the server: the trusted header's imports first (so the server's
-    header split sees them), the rest of the header, statement + proof, the axioms report."""
+def _snippet(request: VerifyRequest, tail: str) -> str:
+    """The trusted header's imports first (so the server's header split sees them), the
+    rest of the header, the request's statement + proof, then `tail`."""
     imports, rest = split_header_imports(request.header)
     lines = rest.split("\n")
     while lines and not lines[0].strip():  # what the removed imports left behind
         lines.pop(0)
     header = "\n".join(imports + lines).rstrip()  # a header already in this order is unchanged
-    return (header + "\n\n" if header else "") + request.body() + "\n\n" + rules.axioms_command(name) + "\n"
+    return (header + "\n\n" if header else "") + request.body() + tail
+
+
+def remote_code(request: VerifyRequest, name: str) -> str:
+    """The snippet sent to the server: header, statement + proof, the axioms report."""
+    return _snippet(request, "\n\n" + rules.axioms_command(name) + "\n")
+
+
+def statement_code(request: VerifyRequest) -> str:
+    """The snippet of a statement check (`VerifyRequest.statement_check`): no axioms report."""
+    return _snippet(request, "\n")
 
 
 def is_retryable_item_error(error: str) -> bool:
@@ -110,16 +120,33 @@ def is_retryable_item_error(error: str) -> bool:
     return "timed out" not in error or "header" in error
 
 
-def judge_remote(item: dict[str, Any], name: str) -> VerifyResult:
-    """VerifyResult from one server result `{"id", "time", "error", "response"}`."""
+def _server_reply(item: dict[str, Any]) -> tuple[dict[str, Any] | VerifyResult, float]:
+    """(the Lean REPL reply, seconds) of one server result, or a failure in its place."""
     elapsed = float(item.get("time") or 0.0)
     error = item.get("error")
     if error:
         status = Status.TIMEOUT if "timed out" in str(error) else Status.SYSTEM_ERROR
-        return VerifyResult.failure(status, f"server: {error}"[:200], time_s=elapsed)
+        return VerifyResult.failure(status, f"server: {error}"[:200], time_s=elapsed), elapsed
     reply = item.get("response")
     if not isinstance(reply, dict):
-        return VerifyResult.failure(Status.SYSTEM_ERROR, "server result without response", time_s=elapsed)
+        return VerifyResult.failure(Status.SYSTEM_ERROR, "server result without response", time_s=elapsed), elapsed
+    return reply, elapsed
+
+
+def judge_remote_statement(item: dict[str, Any]) -> VerifyResult:
+    """VerifyResult of a statement check from one server result (see `rules.judge_statement`)."""
+    reply, elapsed = _server_reply(item)
+    if isinstance(reply, VerifyResult):
+        return reply
+    verdict = rules.judge_statement(reply)
+    return VerifyResult(verdict.verified, verdict.status, verdict.reason, tuple(reply.get("messages") or []), elapsed)
+
+
+def judge_remote(item: dict[str, Any], name: str) -> VerifyResult:
+    """VerifyResult from one server result `{"id", "time", "error", "response"}`."""
+    reply, elapsed = _server_reply(item)
+    if isinstance(reply, VerifyResult):
+        return reply
     messages = list(reply.get("messages") or [])
     verdict = rules.judge(reply, rules.axioms_from_messages(messages, name))
     return VerifyResult(verdict.verified, verdict.status, verdict.reason, tuple(messages), elapsed)
@@ -182,6 +209,8 @@ class RemoteVerifier(Verifier):
         self._closed = False
         self._fatal: VerifierUnavailable | None = None
         self._senders = [threading.Thread(target=self._sender, daemon=True, name=f"kimina-{i}") for i in range(concurrency)]
+        self._statement_lock = threading.Lock()
+        self._statement_executor: concurrent.futures.ThreadPoolExecutor | None = None  # made on first use
         for thread in self._senders:
             thread.start()
 
@@ -204,11 +233,58 @@ class RemoteVerifier(Verifier):
     def stats(self) -> dict[str, Any]:
         return self._stats.snapshot()
 
+    def check_statement(self, header: str, statement: str) -> "concurrent.futures.Future[VerifyResult]":
+        """The statement + `sorry` as one snippet of its own request (no axioms report)."""
+        if self._closed:
+            raise RuntimeError("RemoteVerifier is closed")
+        with self._statement_lock:
+            if self._statement_executor is None:
+                self._statement_executor = concurrent.futures.ThreadPoolExecutor(
+                    len(self._senders), thread_name_prefix="kimina-statement")
+        return self._statement_executor.submit(self._check_statement_now, VerifyRequest.statement_check(header, statement))
+
+    def _check_statement_now(self, request: VerifyRequest) -> VerifyResult:
+        """One request per check; the proofs' retry rules (request failures and retryable
+        item errors, with backoff); after a fatal refusal it raises like `submit`."""
+        self._stats.event("statement_check")
+        for attempt in range(self.retries + 1):
+            if self._fatal is not None:
+                raise self._fatal
+            last = attempt == self.retries
+            if attempt:
+                time.sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
+            payload = {"snippets": [{"id": f"sgs-{next(self._ids)}", "code": statement_code(request)}],
+                       "timeout": int(math.ceil(self.timeout_s)), "debug": False, "reuse": True, "infotree": None}
+            try:
+                results = self._post(payload, self.http_timeout(1))
+            except RequestFailed as err:
+                if err.fatal:
+                    self._fatal = VerifierUnavailable(f"remote verifier {self.url}: {err}")
+                    raise self._fatal from err
+                if err.retryable and not last:
+                    continue
+                return VerifyResult.failure(Status.SYSTEM_ERROR, f"remote: {err}"[:200])
+            entry = next((r for r in results if isinstance(r, dict)), None)
+            if entry is None:
+                if last:
+                    return VerifyResult.failure(Status.SYSTEM_ERROR, "server returned no result for this item")
+                continue
+            error = str(entry.get("error") or "")
+            if error and is_retryable_item_error(error) and not last:
+                continue
+            try:
+                return judge_remote_statement(entry)
+            except Exception as err:  # malformed result: never raise into a future
+                return VerifyResult.failure(Status.SYSTEM_ERROR, f"malformed server result: {err!r}"[:200])
+        raise AssertionError("unreachable")
+
     def close(self) -> None:
         """Send what is queued (or fail it at once after a fatal error), then stop the senders."""
         if self._closed:
             return
         self._closed = True
+        if self._statement_executor is not None:
+            self._statement_executor.shutdown(wait=True)
         for _ in self._senders:
             self._queue.put(_STOP)
         for thread in self._senders:

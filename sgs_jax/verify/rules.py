@@ -285,22 +285,48 @@ def judge(reply: dict[str, Any], axioms: tuple[str, ...] | None) -> Verdict:
     Verified iff no error message, no sorries, no "declaration uses sorry" warning (both
     quote styles) and only propext / Classical.choice / Quot.sound as axioms.
     """
-    if not isinstance(reply, dict):
-        return Verdict(Status.SYSTEM_ERROR, "reply is not a JSON object")
-    if "message" in reply and "env" not in reply:
-        return Verdict(Status.LEAN_ERROR, _short(f"REPL failure: {reply['message']}"))
-    messages = reply.get("messages") or []
-    for msg in messages:
-        if msg.get("severity") == "error":
-            return Verdict(Status.LEAN_ERROR, _short(f"error: {msg.get('data', '')}"))
+    failed = _elaboration_failure(reply)
+    if failed:
+        return failed
     if reply.get("sorries"):
         return Verdict(Status.REJECTED, "proof contains sorry")
-    for msg in messages:
-        if msg.get("severity") == "warning" and any(w in str(msg.get("data", "")) for w in _SORRY_WARNINGS):
-            return Verdict(Status.REJECTED, "declaration uses sorry")
+    if _has_sorry_warning(reply):
+        return Verdict(Status.REJECTED, "declaration uses sorry")
     if axioms is None:
         return Verdict(Status.REJECTED, "no #print axioms report for the theorem")
     extra = sorted(set(axioms) - ALLOWED_AXIOMS)
     if extra:
         return Verdict(Status.REJECTED, _short("disallowed axioms: " + ", ".join(extra)))
     return Verdict(Status.VERIFIED)
+
+
+def judge_statement(reply: dict[str, Any]) -> Verdict:
+    """Verdict of a statement check: the REPL's reply to statement + `sorry`.
+
+    VERIFIED (well-formed) iff the reply has no error message and carries the
+    declaration-uses-sorry warning (so the declaration was elaborated up to its proof);
+    other warnings, such as linters, are tolerated. LEAN_ERROR otherwise."""
+    failed = _elaboration_failure(reply)
+    if failed:
+        return failed
+    if not _has_sorry_warning(reply):
+        return Verdict(Status.LEAN_ERROR, "no declaration was elaborated (no sorry warning)")
+    return Verdict(Status.VERIFIED)
+
+
+def _elaboration_failure(reply: Any) -> Verdict | None:
+    """The verdict for a reply that is no JSON object, a REPL failure or holds an error; else None."""
+    if not isinstance(reply, dict):
+        return Verdict(Status.SYSTEM_ERROR, "reply is not a JSON object")
+    if "message" in reply and "env" not in reply:
+        return Verdict(Status.LEAN_ERROR, _short(f"REPL failure: {reply['message']}"))
+    for msg in reply.get("messages") or []:
+        if msg.get("severity") == "error":
+            return Verdict(Status.LEAN_ERROR, _short(f"error: {msg.get('data', '')}"))
+    return None
+
+
+def _has_sorry_warning(reply: dict[str, Any]) -> bool:
+    """The reply warns that the declaration uses sorry (either quote style)."""
+    return any(msg.get("severity") == "warning" and any(w in str(msg.get("data", "")) for w in _SORRY_WARNINGS)
+               for msg in reply.get("messages") or [])

@@ -236,3 +236,54 @@ def test_splash_runs_per_device_under_a_mesh(reference_model_loss):
     lowered = sharded_loss.lower(state).as_text()
     assert "shard_map" in lowered or "manual" in lowered.lower()
     np.testing.assert_allclose(float(sharded_loss(state)), float(reference_model_loss[0]), atol=0, rtol=1e-6)
+    # Without a padding mask (the Trainer's right-padded rows) no segment ids travel.
+    q, k, v, _ = _inputs(4, 128, 128, 4, 2, 16, seed=5)
+
+    @jax.jit
+    def causal_only(q, k, v):
+        with activation_sharding(mesh):
+            return A.splash(q, k, v, A.AttentionMask())
+
+    np.testing.assert_allclose(np.asarray(causal_only(q, k, v)), np.asarray(A.reference(q, k, v, A.AttentionMask())), atol=TOL, rtol=0)
+
+
+def _tpu_topology_devices():
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed (pip install -e .[tpu])")
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(topology_name="v5p:2x2x2", platform="tpu").devices
+    except jax.errors.JaxRuntimeError as err:
+        if "lockfile" in str(err):
+            pytest.skip(f"libtpu is held by another process on this machine: {err}")
+        raise
+
+
+def test_auto_compiles_the_splash_kernel_for_tpu_without_a_tpu():
+    """Deviceless compile for a v5p-8 topology: `auto` sees the mesh's TPU devices, picks
+    splash (a Mosaic custom call, not interpret mode) and its backward compiles under
+    shard_map with batch and heads sharded."""
+    from jax.sharding import Mesh
+
+    from sgs_jax.parallel import named_sharding
+
+    mesh = Mesh(np.asarray(_tpu_topology_devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+    b, t, heads, kv_heads, dim = 4, 512, 8, 4, 128
+
+    def spec(shape, axes, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=named_sharding(mesh, axes, shape))
+
+    q = spec((b, t, heads, dim), ("batch", "seq", "q_heads", "head_dim"))
+    k = spec((b, t, kv_heads, dim), ("batch", "seq", "kv_heads", "head_dim"))
+    valid = spec((b, t), ("batch", "seq"), jnp.bool_)
+
+    def loss(q, k, v, valid):
+        with activation_sharding(mesh):
+            return jnp.sum(A.attend(q, k, v, A.AttentionMask(kv_valid=valid)).astype(jnp.float32))
+
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, valid)
+    assert "tpu_custom_call" in lowered.as_text()
+    lowered.compile()

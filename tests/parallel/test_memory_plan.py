@@ -1,8 +1,18 @@
-"""The memory plan's parameter bytes agree with the exact parameter count and sharding."""
+"""The memory plan: parameter bytes agree with the exact parameter count and sharding; the
+roles plan counts every role in its form, phase by phase, and sgs-plan says whether the
+busiest phase fits a device's HBM."""
+
+import contextlib
+import io
+import os
+
+import pytest
 
 from sgs_jax.cli import plan as plan_cli
-from sgs_jax.models import deepseek_prover_v2_7b, tiny
-from sgs_jax.parallel.memory import plan_memory
+from sgs_jax.config import load_config
+from sgs_jax.models import deepseek_prover_v2_7b, preset, tiny
+from sgs_jax.parallel.memory import GIB, plan_memory
+from sgs_jax.sgs.roles import memory_plan
 
 
 def test_7b_parameter_bytes_per_device():
@@ -27,3 +37,88 @@ def test_cli_prints_table(capsys):
     out = capsys.readouterr().out
     assert "parameters" in out and "total" in out
     assert plan_cli.main(["--fsdp", "0"]) == 2
+
+
+# ---- the roles of a run ----------------------------------------------------------------------
+
+PAPER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "sgs.py:paper")
+
+
+def _paper_plan(*overrides, mesh=(1, 8, 1)):
+    cfg = load_config(PAPER, list(overrides))
+    model = preset("deepseek-prover-v2-7b", dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+    return memory_plan(cfg, model, mesh), model, cfg
+
+
+def test_roles_plan_counts_every_role_in_its_form():
+    plan, model, cfg = _paper_plan()
+    n, norms = model.num_params(), (2 * model.num_layers + 1) * model.hidden_size
+    sharded_fp32 = ((n - norms) * 4 / 8 + norms * 4)  # fsdp=8 splits all but the norms
+    for role in ("Solver", "Conjecturer"):
+        assert abs(plan.item_bytes(f"{role} master weights") - sharded_fp32) < 1
+        assert abs(plan.item_bytes(f"{role} Adam moments") - 2 * sharded_fp32) < 1
+        assert abs(plan.item_bytes(f"{role} gradient accumulator") - sharded_fp32) < 1
+        assert plan.item_bytes(f"{role} inference weights") == n * 2  # bf16, replicated over fsdp
+    assert plan.item_bytes("Guide weights") == n * 2  # frozen: only the inference form
+    # The Sampler's paged pool: sampling.kv_pool_tokens (512K tokens: 256 rows of 2K on
+    # average) in whole pages per batch shard, KV heads whole on fsdp=8.
+    tokens = cfg.sampling.kv_pool_tokens
+    assert tokens == 524_288 and tokens % (8 * cfg.sampling.page_size) == 0
+    kv = tokens * 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2 / 8
+    assert plan.item_bytes("KV pool") == kv and kv / GIB == 30.0
+    phases = dict(plan.phases)
+    assert [p for p, _ in plan.phases] == ["sample: Conjecturer", "sample: Solver", "sample: Guide", "train: Solver", "train: Conjecturer"]
+    resident = ["Solver master weights", "Solver Adam moments", "Conjecturer master weights", "Conjecturer Adam moments", "Guide weights"]
+    assert set(phases["sample: Solver"]) == {"KV pool", "Solver inference weights", *resident}
+    assert "KV pool" not in phases["train: Solver"] and "Solver inference weights" not in phases["train: Solver"]
+    assert plan.phase_bytes("sample: Solver") == kv + n * 2 + sum(plan.item_bytes(i) for i in resident)
+
+
+def test_offload_keeps_only_what_each_phase_uses():
+    plan, _, _ = _paper_plan("--config.roles.offload_idle=true")
+    phases = dict(plan.phases)
+    assert set(phases["sample: Solver"]) == {"KV pool", "Solver inference weights", "Solver master weights"}
+    assert set(phases["sample: Guide"]) == {"KV pool", "Guide weights"}
+    assert not any(i.startswith(("Conjecturer", "Guide")) for i in phases["train: Solver"])
+
+
+def test_kept_copies_live_until_their_training_phase():
+    plan, _, _ = _paper_plan("--config.sampling.keep_inference_weights=true")
+    phases = dict(plan.phases)
+    assert "Conjecturer inference weights" in phases["sample: Solver"]
+    assert "Conjecturer inference weights" in phases["train: Solver"]
+    assert "Conjecturer inference weights" not in phases["train: Conjecturer"]
+    assert "Solver inference weights" not in phases["train: Solver"]
+
+
+def test_master_form_has_no_copies():
+    plan, _, _ = _paper_plan("--config.sampling.weights_dtype=float32", "--config.sampling.weights_layout=training")
+    names = [name for name, _, _ in plan.rows]
+    assert not any("inference weights" in name for name in names)
+    assert "Solver master weights" in dict(plan.phases)["sample: Solver"]
+    assert plan.item_bytes("Guide weights") == plan.item_bytes("Solver master weights")
+
+
+# The paged pool of 512K tokens fits beside all three roles; a pool of 1M tokens (60 GiB per
+# chip, what 128 slots x 8K reserved before paging) fits only with idle roles offloaded.
+@pytest.mark.parametrize("extra, verdict", [
+    ([], "fits"),
+    (["--config.sampling.kv_pool_tokens=1048576"], "DOES NOT FIT"),
+    (["--config.sampling.kv_pool_tokens=1048576", "--config.roles.offload_idle=true"], "fits"),
+])
+def test_cli_roles_says_whether_the_busiest_phase_fits(extra, verdict):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert plan_cli.main(["--roles", "--config", PAPER, "--hbm-gib", "95"] + extra) == 0
+    text = out.getvalue()
+    assert "sample: Conjecturer" in text and "KV pool" in text and "Guide weights" in text
+    last = [line for line in text.splitlines() if line.startswith("peak")][0]
+    assert f"of 95.0 GiB HBM: {verdict} (" in last
+
+
+def test_cli_estimate_with_hbm_and_bad_values(capsys):
+    assert plan_cli.main(["--preset", "tiny", "--dtype", "float32", "--fsdp", "2", "--seq-len", "64", "--hbm-gib", "1"]) == 0
+    assert "GiB HBM: fits" in capsys.readouterr().out
+    assert plan_cli.main(["--hbm-gib", "0"]) == 2
+    assert plan_cli.main(["--roles", "--config", PAPER, "--config.sampling.weights_layout=fsdp"]) == 2
+    assert "sampling.weights_layout must be one of" in capsys.readouterr().err

@@ -191,3 +191,25 @@ def test_bf16_params_train_with_fp32_state():
     assert any(not np.array_equal(a, b) for a, b in zip(before, _params(trainer)))
     # The caller's model object sees the trained parameters.
     np.testing.assert_array_equal(np.asarray(model.lm_head.kernel[...]), np.asarray(trainer.params["lm_head"]["kernel"][...]))
+
+
+def test_roles_that_differ_only_in_host_settings_share_programs():
+    """Solver and Conjecturer with the same objective and optimiser run the same compiled
+    programs: batch size, length cap, buckets, normalisation and the shuffle seed are host-side."""
+    solver = Trainer(create_model(CONFIG, seed=1), _train_config(4))
+    conjecturer = Trainer(create_model(CONFIG, seed=2), TrainConfig(
+        micro_batch_size=4, max_seq_len=48, min_bucket=16, batch_size=8, normalization="sequence",
+        reset_optimizer=False, optimizer=OptimizerConfig(learning_rate=1e-3)))
+    assert conjecturer.programs is solver.programs
+    solver.step(random_examples(4, 96, seed=3))
+    compiled = solver.programs.accumulate._cache_size()
+    conjecturer.train_epoch(random_examples(8, 96, seed=4), seed=7)  # same 16-token bucket
+    assert solver.programs.accumulate._cache_size() == compiled  # nothing new compiled
+    other = Trainer(create_model(CONFIG, seed=1), _train_config(4, objective="expert_iteration"))
+    assert other.programs is not solver.programs
+
+
+def test_micro_batch_that_does_not_split_over_the_mesh_fails_before_work():
+    mesh = make_mesh(data=1, fsdp=8, tensor=1)
+    with pytest.raises(ValueError, match=r"micro_batch_size=4 rows .*fsdp=8 = 8 devices"):
+        Trainer(create_model(CONFIG, seed=1, mesh=mesh), _train_config(4), mesh)

@@ -43,7 +43,7 @@ def test_sharded_sampling_matches_full_forward():
 def test_slots_split_over_the_batch_devices():
     config = tiny(num_heads=8, num_kv_heads=4, head_dim=4, vocab_size=96, intermediate_size=64)
     mesh = make_mesh(data=2, fsdp=4, tensor=1)
-    with pytest.raises(ValueError, match=r"max_batch \(sampler slots\) = 12 .* multiple of 8"):
+    with pytest.raises(ValueError, match=r"max_batch \(sampler slots\)=12 rows .*= 8 devices"):
         Sampler(config, mesh=mesh, max_batch=12)
     sampler = Sampler(config, mesh=mesh, max_batch=32)
     assert [sampler.num_slots(n) for n in (1, 3, 8, 9, 40)] == [8, 8, 8, 16, 32]  # padded, never fewer than 8

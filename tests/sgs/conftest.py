@@ -35,7 +35,7 @@ def trained_run(tmp_path_factory):
     from tests.sgs.run_support import CONFIGS, small_run_overrides
 
     workdir = tmp_path_factory.mktemp("trained_run") / "run"
-    overrides = small_run_overrides(MODELS_DIR, workdir) + ["sgs.proofs_per_problem=4"]
+    overrides = small_run_overrides(MODELS_DIR, workdir) + ["--config.sgs.proofs_per_problem=4"]
     run = SGSRun(load_config(str(CONFIGS / "sgs.py:testbed"), overrides))
     try:
         run.run(iterations=1)

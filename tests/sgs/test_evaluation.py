@@ -131,6 +131,18 @@ def test_eval_trained_run_solver(trained_run, tmp_path):
     assert _read(tmp_path / "direct")[0] == base_rows
 
 
+def test_step_0_base_solve_rate_is_sgs_eval_of_the_base_model(trained_run, tmp_path):
+    """Step 0 logs the base Solver's pass@k on the targets (before any training: the
+    cumulative solve rate is still 0): the number sgs-eval gives for iteration 0 with n = k."""
+    workdir, _ = trained_run
+    (step0,) = [r["scalars"] for r in map(json.loads, open(workdir / "metrics.jsonl")) if r["step"] == 0 and "scalars" in r]
+    assert step0["cumulative_solve_rate"] == 0.0 and step0["generations"] == 0.0
+    assert eval_cli.main(["--run", str(workdir), "--iteration", "0", "--n", "4", "--out", str(tmp_path / "base")]) == 0
+    _, summary = _read(tmp_path / "base")
+    assert summary["solved"] > 0, "the packaged base model solves some of the 6 targets: the comparison means something"
+    assert step0["base_solve_rate"] == summary["pass_at_k"]["4"] == summary["solved"] / summary["targets"]
+
+
 def test_eval_errors_are_clear(trained_run, tmp_path, capsys):
     workdir, _ = trained_run
     assert eval_cli.main(["--run", str(workdir), "--iteration", "7", "--out", str(tmp_path / "x")]) == 2

@@ -20,11 +20,9 @@ FINDINGS = os.path.join(ROOT, "configs", "experiments", "findings.py")
 
 
 def test_findings_smoke(tmp_path, random_checkpoints, capsys):
-    tiny = [item for item in small_run_overrides(random_checkpoints, tmp_path) if not item.startswith("run.workdir=")]
+    tiny = [item for item in small_run_overrides(random_checkpoints, tmp_path) if not item.startswith("--config.run.workdir=")]
     command = [FINDINGS, "--root", str(tmp_path / "runs"), "--jobs", "2", "--only", "sgs,rl_baseline",
-               "--seeds", "1,2", "--set", "run.iterations=2", "--report", str(tmp_path / "report")]
-    for item in tiny:
-        command += ["--set", item]
+               "--seeds", "1,2", "--config.run.iterations=2", "--report", str(tmp_path / "report"), *tiny]
     assert main(command) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert "[experiments] finished sgs_seed1" in out and "4/4 done" in out
@@ -55,11 +53,9 @@ def test_findings_smoke(tmp_path, random_checkpoints, capsys):
 def test_stopped_experiment_continues_with_the_same_command(tmp_path, random_checkpoints):
     """SIGTERM to the runner stops its runs (exit 130, one line saying how to resume); the
     same command then resumes each run from its checkpoint and finishes it."""
-    tiny = [item for item in small_run_overrides(random_checkpoints, tmp_path) if not item.startswith("run.workdir=")]
+    tiny = [item for item in small_run_overrides(random_checkpoints, tmp_path) if not item.startswith("--config.run.workdir=")]
     command = [sys.executable, "-m", "sgs_jax.cli.experiments", FINDINGS, "--root", str(tmp_path / "runs"),
-               "--only", "rl_baseline", "--seeds", "1", "--set", "run.iterations=4"]
-    for item in tiny:
-        command += ["--set", item]
+               "--only", "rl_baseline", "--seeds", "1", "--config.run.iterations=4", *tiny]
     run = tmp_path / "runs" / "findings" / "rl_baseline_seed1"
     env = {**os.environ, "PYTHONPATH": ROOT}
     runner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)

@@ -49,7 +49,7 @@ pytestmark = pytest.mark.skipif(not (MODELS_DIR / "base" / "config.json").exists
 
 
 def _overrides(workdir):
-    return small_run_overrides(MODELS_DIR, workdir) + [f"run.iterations={ITERATIONS}"]
+    return small_run_overrides(MODELS_DIR, workdir) + [f"--config.run.iterations={ITERATIONS}"]
 
 
 def _cfg(workdir):
@@ -57,10 +57,7 @@ def _cfg(workdir):
 
 
 def _cli_args(workdir):
-    args = ["--config", CONFIG]
-    for item in _overrides(workdir):
-        args += ["--set", item]
-    return args
+    return ["--config", CONFIG, *_overrides(workdir)]
 
 
 def _weights(run):
@@ -357,11 +354,19 @@ def test_sigterm_in_a_subprocess_prints_one_line_and_no_traceback(reference, tmp
 def test_resuming_with_another_config_is_refused(reference, tmp_path, capsys):
     workdir = _copy(reference, "done", tmp_path)
     recorded = (workdir / "config.json").read_bytes()
-    code = train_cli.main(_cli_args(workdir) + ["--iterations", "3", "--set", "sgs.proofs_per_problem=3"])
+    code = train_cli.main(_cli_args(workdir) + ["--config.run.iterations=3", "--config.sgs.proofs_per_problem=3"])
     err = capsys.readouterr().err
     assert code == 2
     assert "run.iterations: recorded 2, now 3" in err and "sgs.proofs_per_problem: recorded 2, now 3" in err
     assert (workdir / "config.json").read_bytes() == recorded
-    code = train_cli.main(_cli_args(workdir) + ["--iterations", "3", "--allow-config-change", "sgs.proofs_per_problem"])
+    code = train_cli.main(_cli_args(workdir) + ["--config.run.iterations=3", "--allow-config-change", "sgs.proofs_per_problem"])
     assert code == 2 and "cannot change on resume" in capsys.readouterr().err
     assert (workdir / "config.json").read_bytes() == recorded
+    # Allowed: the same command with the field named extends the run, and says so on disk.
+    code = train_cli.main(_cli_args(workdir) + ["--config.run.iterations=3", "--allow-config-change=run.iterations"])
+    assert code == 0, capsys.readouterr().err
+    assert "resumed from iteration 2 of 3" in capsys.readouterr().out
+    assert json.loads((workdir / "config.json").read_text())["run"]["iterations"] == 3
+    (change,) = [json.loads(line) for line in open(workdir / "config_changes.jsonl")]
+    assert change["from_iteration"] == 2 and change["changes"] == {"run.iterations": {"recorded": 2, "new": 3}}
+    assert [r["step"] for r in jsonl.read_records(workdir / "metrics.jsonl")[0] if "scalars" in r][-1] == 3

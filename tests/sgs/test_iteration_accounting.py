@@ -61,9 +61,10 @@ def test_refused_api_key_stops_the_run_with_the_servers_message(tmp_path, monkey
     server = FakeKimina(api_key="right")
     monkeypatch.setenv("LEAN_SERVER_API_KEY", "wrong")
     overrides = [
-        f"run.workdir={str(tmp_path / 'run')!r}", "targets.limit=4", "sgs.proofs_per_problem=2",
-        "sgs.use_conjecturer=False", "sgs.use_guide=False", "verify.backend='remote'",
-        f"verify.options.url={server.url!r}", "verify.options.retries=0", "verify.cache=False",
+        f"--config.run.workdir={tmp_path / 'run'}", "--config.targets.limit=4", "--config.sgs.proofs_per_problem=2",
+        "--config.sgs.use_conjecturer=False", "--config.sgs.use_guide=False", "--config.verify.backend=remote",
+        f"--config.verify.options.url={server.url}", "--config.verify.options.retries=0", "--config.verify.cache=False",
+        "--config.run.base_solve_rate=false",  # else step 0's measurement meets the refusal first, in SGSRun()
     ]
     run = SGSRun(load_config(os.path.join(ROOT, "configs/sgs.py:testbed"), overrides))
     try:

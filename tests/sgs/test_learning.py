@@ -1,11 +1,12 @@
 """The SGS loop really learns: two iterations on the testbed raise the Solver's pass rate.
 
 Starts from the packaged testbed base and Guide models, runs the real loop (Conjecturer,
-Solver, Guide, `prop` verification, REINFORCE½ and Conjecturer updates) on easy targets,
-and compares the Solver's verified fraction on those targets before and after, measured
-with the same sampling seed.
+Solver, Guide, `prop` verification, REINFORCE½ and Conjecturer updates) on easy targets
+(the packaged targets outside the hard split), and compares the Solver's verified fraction
+on those targets before and after, measured with the same sampling seed.
 """
 
+import json
 import os
 
 import pytest
@@ -15,6 +16,7 @@ from sgs_jax.sgs.phases import prove_phase
 from sgs_jax.sgs.run import SGSRun
 from sgs_jax.sgs.testbed_pretrain import MODELS_DIR
 from sgs_jax.sgs.types import Problem
+from sgs_jax.testbed.generator import DEFAULT_PATH
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,9 +34,13 @@ def _verified_fraction(run: SGSRun, seed: int) -> float:
 
 
 def test_two_iterations_raise_the_solver_pass_rate(tmp_path):
+    data = json.loads(DEFAULT_PATH.read_text(encoding="utf-8"))
+    easy = {k: e for k, e in data["target_statements"].items() if not e.get("hard", False)}  # the packaged set marks its hard split
+    (tmp_path / "easy.json").write_text(json.dumps({"iterations": [], "target_statements": easy}), encoding="utf-8")
     cfg = load_config(
         os.path.join(ROOT, "configs/sgs.py:testbed"),
-        [f"run.workdir={str(tmp_path)!r}", "targets.limit=24", "run.iterations=2", "sampling.max_batch=64"],
+        [f"--config.run.workdir={tmp_path / 'run'}", "--config.targets.source=file", f"--config.targets.path={tmp_path / 'easy.json'}",
+         "--config.targets.limit=24", "--config.run.iterations=2", "--config.sampling.max_batch=64"],
     )
     run = SGSRun(cfg)
     try:

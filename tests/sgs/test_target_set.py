@@ -76,7 +76,7 @@ def test_all_d3k_statements_end_in_a_live_assign_by(d3k_path):
     pytest.param({"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "2"}, marks=pytest.mark.slow),
 ])
 def test_hub_targets_unreachable_is_a_clear_error(tmp_path, env):
-    """targets.source='hub' without the hub: one TargetFileError saying how to use a file."""
+    """targets.source=hub without the hub: one TargetFileError saying how to use a file."""
     import os
     import subprocess
     import sys
@@ -90,4 +90,29 @@ def test_hub_targets_unreachable_is_a_clear_error(tmp_path, env):
     out = subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ERR cannot get D_3k_prover_dataset.json of the dataset 'LukeBailey181Pub/D_3k'")
-    assert "hf download --repo-type dataset LukeBailey181Pub/D_3k" in out.stdout and "targets.source='file'" in out.stdout
+    assert "hf download --repo-type dataset LukeBailey181Pub/D_3k" in out.stdout and "--config.targets.source=file" in out.stdout
+
+
+def test_records_survive_the_state_file_and_name_groups(tmp_path):
+    entries = {}
+    for i in range(5):
+        entry = _entry(i, ["rfl"] if i in (0, 3) else [])
+        entry.update({"difficulty": 3 * i, "band": "low" if i < 3 else "high", "hard": i >= 2})
+        entries[f"t{i}"] = entry
+    ts = TargetSet.load(_file(tmp_path, entries))
+    assert ts.records["t4"] == {"tag": "", "source": "", "difficulty": 12, "band": "high", "hard": True}
+    groups = ts.groups()
+    assert groups == {"hard": ("t2", "t3", "t4"), "band/low": ("t0", "t1", "t2"), "band/high": ("t3", "t4")}
+    assert ts.solved_fraction(groups["hard"]) == pytest.approx(1 / 3)
+    assert ts.solved_fraction(groups["band/high"]) == 0.5 and ts.solved_fraction(()) == 0.0
+    ts.save(tmp_path / "state.json")
+    again = TargetSet.load(tmp_path / "state.json")
+    assert again.records == ts.records and again.groups() == groups
+    head = ts.first(2)
+    assert len(head) == 2 and head.records["t1"]["band"] == "low" and head.proofs["t0"] == ["rfl"]
+    assert head.groups() == {"hard": (), "band/low": ("t0", "t1")}
+
+
+def test_plain_d3k_entries_have_no_groups(tmp_path):
+    ts = TargetSet.load(_file(tmp_path, {f"t{i}": _entry(i) for i in range(2)}))
+    assert ts.groups() == {}

@@ -47,3 +47,13 @@ def test_reply_format_is_exact():
 def test_unparsable_conjecture_does_not_raise():
     s = score(T, "lemma c : p := by")
     assert (s.relevance, s.complexity) == (0, 4)
+
+
+def test_reward_hacks_get_no_relevance():
+    # Padding a disjunction around a disjunct that a premise gives.
+    assert score(T, "theorem c (p q r : Prop) (h₀ : p → q) (h₁ : p) : r ∨ q := by").relevance == 0
+    # A conjunct of a premise restated, and `p → p` (its antecedent is the claim).
+    assert score(T, "theorem c (p q r : Prop) (h₀ : p ∧ q) : q := by").relevance == 0
+    assert score(T, "theorem c (p : Prop) : p → p := by").relevance == 0
+    # The honest lemma for the same target still scores high.
+    assert score(T, "theorem c (p q r : Prop) (h₀ : p → q) (h₁ : q → r) : p → r := by").relevance >= 4

@@ -14,6 +14,8 @@ Its "Lean" is tiny but realistic in shape:
   (backtick quotes with --sorry-backtick) and axiom sorryAx; `native_decide` ->
   Lean.ofReduceBool; an identifier starting with `bogus` -> "unknown identifier" error;
   a proof of only `skip` -> "unsolved goals"; `trace "s"` -> an info message s;
+  in the statement (before `:= by`), an identifier starting with `bogus` -> "unknown
+  identifier" and unbalanced parentheses -> a parse error (ill-formed statements);
   `exact?` -> a "Try this" info; `simp`/`norm_num`/`linarith`/`nlinarith`/`positivity`
   -> the three standard axioms; `rfl`/`decide`/`omega` alone -> no axioms.
 - A header command with an identifier starting with `bogus` fails to elaborate.
@@ -102,6 +104,13 @@ class FakeLean:
             proof_start = text.find(":= by", decl.end())
             proof_start = decl.end() if proof_start < 0 else proof_start + len(":= by")
             proof = text[proof_start:]
+            signature = text[decl.end() : proof_start]
+            bad_name = re.search(r"(?<![\w.])bogus\w*", signature)
+            if bad_name:
+                i = decl.end() + bad_name.start()
+                messages.append(_message(text, i, i + len(bad_name.group(0)), "error", f"unknown identifier '{bad_name.group(0)}'"))
+            if signature.count("(") != signature.count(")"):
+                messages.append(_message(text, decl.start(), proof_start, "error", "unexpected token ':='; expected ')'"))
             axioms: set[str] = set()
             if re.search(r"\b(simp|norm_num|linarith|nlinarith|positivity|field_simp|ring_nf)\b", proof):
                 axioms.update(STANDARD_AXIOMS)

@@ -12,10 +12,10 @@ from sgs_jax import metrics as m
 
 SOLVER_CLIP_FRACTION = "solver/clip_fraction"  # what training logs (Trainer metric `clip_fraction`)
 CLIP_FRACTIONS = (SOLVER_CLIP_FRACTION, m.CISPO_CLIP_FRACTION)  # first logged one is read
-HARD_SOLVE_RATE = "cumulative_solve_rate/hard"  # cumulative solve rate of the hard split
-SOLVE_RATE_BAND_PREFIX = "cumulative_solve_rate/band/"  # + difficulty band
-HACK_PREFIX, HACK_SUFFIX = "conjectures/hack/", "_fraction"  # + hack name + suffix
-ILL_FORMED = "conjectures/ill_formed"  # conjectures dropped by the statement check
+HARD_SOLVE_RATE = m.CUMULATIVE_SOLVE_RATE_HARD  # cumulative solve rate of the hard split
+SOLVE_RATE_BAND_PREFIX = m.CUMULATIVE_SOLVE_RATE_BAND  # + difficulty band
+HACK_PREFIX, HACK_SUFFIX = "conjectures/hack/", "_fraction"  # + hack name + suffix (metrics.CONJECTURE_*_FRACTION)
+ILL_FORMED = m.CONJECTURE_ILL_FORMED  # conjectures dropped by the statement check
 GUIDE_PREFIX, GUIDE_SHADOW_PREFIX = "guide/", "guide_shadow/"  # + Guide sub-score
 GUIDE_SUBSCORES = (m.GUIDE_RELEVANCE, m.GUIDE_REDUNDANCY, m.GUIDE_CONCLUSION_COMPLEXITY)
 

@@ -1,0 +1,73 @@
+"""Attention forward + backward on CPU: our backends against PyTorch's
+`scaled_dot_product_attention` (same shapes, causal + padding mask, same threads), in one run.
+
+The shapes are the training benchmark's (benchmarks/train_step.py): 4 rows, 8 query heads
+over 4 KV heads, head dim 32, fp32; one row half padding. Each figure is the best of
+`--repeats` timed calls after a warm-up call; `auto` on CPU is the fastest correct backend.
+
+    python benchmarks/attention.py [--seq 256 1024] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from sgs_jax.models import attention
+
+BATCH, HEADS, KV_HEADS, DIM = 4, 8, 4, 32
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seq", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(f"attention fwd+bwd, {BATCH} rows x {HEADS} heads ({KV_HEADS} KV) x head dim {DIM}, fp32, "
+          f"{torch.get_num_threads()} threads, best of {args.repeats}; load {os.getloadavg()[0]:.1f}")
+    print(f"{'T':>6} {'backend':<32}{'ms':>10}{'vs torch':>10}")
+    for t in args.seq:
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.normal(size=(BATCH, t, h, DIM)).astype(np.float32) for h in (HEADS, KV_HEADS, KV_HEADS))
+        valid = np.ones((BATCH, t), bool)
+        valid[1, t // 2 :] = False
+        mask = attention.AttentionMask(kv_valid=jnp.asarray(valid))
+
+        tq, tk, tv = (torch.tensor(x).transpose(1, 2).contiguous() for x in (q, k, v))
+        tk, tv = (x.repeat_interleave(HEADS // KV_HEADS, 1).requires_grad_() for x in (tk, tv))
+        tq.requires_grad_()
+        tmask = torch.tensor(valid)[:, None, None, :] & torch.tril(torch.ones(t, t, dtype=torch.bool))
+
+        def torch_step():
+            out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask)
+            (out * out).sum().backward()
+
+        ref_s = best_of(torch_step, args.repeats)
+        print(f"{t:>6} {'torch scaled_dot_product_attention':<32}{ref_s * 1e3:>10.1f}{1.0:>10.2f}")
+        jq, jk, jv = map(jnp.asarray, (q, k, v))
+        for name in ("reference", "xla", "blockwise"):
+            fn = attention.BACKENDS[name]
+            grad = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, mask) ** 2), argnums=(0, 1, 2)))
+            ours_s = best_of(lambda: jax.block_until_ready(grad(jq, jk, jv)), args.repeats)
+            print(f"{t:>6} {name:<32}{ours_s * 1e3:>10.1f}{ref_s / ours_s:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

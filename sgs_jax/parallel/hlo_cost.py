@@ -370,17 +370,50 @@ def _operand_traffic(comps, comp: Computation, ins: Instruction) -> float:
     if ins.opcode == "fusion":
         fused = comps.get(_attr(ins.attrs, "calls") or "")
         if fused is not None:
-            return _fusion_traffic(fused, ins, comp)
+            return _fusion_traffic(comps, fused, ins, comp)
     total = type_bytes(ins.type_text, True) if not ins.opcode.endswith("-start") else 0.0
     return total + sum(type_bytes(comp.type_of(op), True) for op in ins.operands)
 
 
-def _fusion_traffic(fused: Computation, ins: Instruction, caller: Computation) -> float:
-    params = {p.name: int(p.args) for p in fused.instructions.values() if p.opcode == "parameter" and p.args.strip().isdigit()}
+def _users(comp: Computation) -> dict[str, list[Instruction]]:
     users: dict[str, list[Instruction]] = {}
-    for x in fused.instructions.values():
+    for x in comp.instructions.values():
         for op in x.operands:
             users.setdefault(op, []).append(x)
+    return users
+
+
+def _params(comp: Computation) -> dict[str, int]:
+    return {p.name: int(p.args) for p in comp.instructions.values() if p.opcode == "parameter" and p.args.strip().isdigit()}
+
+
+def _taken_bytes(comps, comp: Computation, name: str, depth: int = 0) -> float | None:
+    """Bytes of `name` (a parameter of fused computation `comp`) its users take when every
+    use is a slice, a dynamic slice or a gather of it, or a nested fusion whose parameter is
+    used so (a scanned layer's weight sliced inside an inner fusion); None when some use
+    reads it whole."""
+    uses = _users(comp).get(name, [])
+    if not uses or depth > 4:
+        return None
+    total = 0.0
+    for u in uses:
+        if u.opcode in ("dynamic-slice", "slice") or (u.opcode == "gather" and u.operands[:1] == [name]):
+            total += type_bytes(u.type_text, True)
+            continue
+        inner = comps.get(_attr(u.attrs, "calls") or "") if u.opcode == "fusion" else None
+        if inner is None:
+            return None
+        slots = {i for i, op in enumerate(u.operands) if op == name}
+        taken = [_taken_bytes(comps, inner, p, depth + 1) for p, i in _params(inner).items() if i in slots]
+        if not taken or any(t is None for t in taken):
+            return None
+        total += sum(taken)
+    return total
+
+
+def _fusion_traffic(comps, fused: Computation, ins: Instruction, caller: Computation) -> float:
+    params = _params(fused)
+    users = _users(fused)
     root = fused.instructions.get(fused.root or "")
     in_place = root is not None and root.opcode in _IN_PLACE and len(root.operands) > _IN_PLACE[root.opcode]
     total = 0.0
@@ -389,9 +422,9 @@ def _fusion_traffic(fused: Computation, ins: Instruction, caller: Computation) -
             continue
         full = type_bytes(caller.type_of(ins.operands[index]), True)
         uses = users.get(pname, [])
-        if uses and all(u.opcode in ("dynamic-slice", "slice") or (u.opcode == "gather" and u.operands[:1] == [pname])
-                        for u in uses):
-            total += min(full, sum(type_bytes(u.type_text, True) for u in uses))
+        taken = _taken_bytes(comps, fused, pname)
+        if taken is not None:
+            total += min(full, taken)
         elif in_place and uses == [root] and root.operands and root.operands[0] == pname:
             continue  # the buffer updated in place is not read
         else:

@@ -193,6 +193,10 @@ def plan_programs(
             steps = sampler.chunk_steps
             live = decode_tokens or min(num_pages * sampler.page_size // slots, max_total)
             row_pages = int(pages_for(live, sampler.page_size))
+            if row_pages > max_pages or slots * row_pages > num_pages:
+                raise ValueError(f"decode_tokens={live:,} per row: {slots} rows need {slots * row_pages:,} pages of {sampler.page_size} "
+                                 f"tokens, the KV pool holds {num_pages:,} (sampling.kv_pool_tokens) and a row at most {max_pages} "
+                                 f"(sampling.solver_max_total_len)")
             work = min(pages_per_shard, work_bucket(slots // sampler.shards * row_pages))
             compiled, timing = compile_program(
                 "decode", lambda: sampler.lower_decode(weights, slots, num_pages, max_pages, work_size=work))
@@ -202,17 +206,18 @@ def plan_programs(
             backend = sampler.attention_backend
             r = report("decode", compiled, topo, mesh_shape, f"{steps} steps x {slots} slots, rows of {live:,} cached tokens on average, {pool}",
                        **timing, tokens=steps * slots, useful_flops=2.0 * n_matmul * steps * slots / devices)
-            traffic = r.hbm_bytes / steps
-            notes = [f"decode attention: {backend}" + (f" (ragged work list of {work:,} pages per batch shard)" if backend == "gather" else ""),
-                     f"per device: sampling weights {weight_bytes / GIB:.2f} GiB ({cfg.sampling.weights_dtype}, "
-                     f"{cfg.sampling.weights_layout} layout) + live KV {kv_live / GIB:.2f} GiB = {(weight_bytes + kv_live) / GIB:.2f} GiB; "
-                     f"HBM traffic per step {traffic / GIB:.2f} GiB ({traffic / (weight_bytes + kv_live):.2f}x)"]
+            notes = [f"decode attention: {backend}" + (f" (ragged work list of {work:,} pages per batch shard)" if backend == "gather" else "")]
             if r.unestimated_kernel_bytes:
-                # The paged kernel takes the whole pool as its operand but reads only the pages rows hold.
-                kernel = r.unestimated_kernel_bytes / steps
-                real = traffic - kernel + kv_live
-                notes.append(f"of which {kernel / GIB:.2f} GiB per step is the paged kernel's operands (the whole pool, every layer); "
-                             f"with it reading the live KV instead: {real / GIB:.2f} GiB ({real / (weight_bytes + kv_live):.2f}x), "
-                             f"{steps * slots / (real * steps / topo.chip.device_hbm_bandwidth):,.0f} tokens/s at the HBM roofline")
+                # The paged kernel's operand is the whole pool, but it reads only the pages rows
+                # hold: count the live KV for it (the workload this plan states) instead.
+                kernel = r.unestimated_kernel_bytes
+                r = dataclasses.replace(r, hbm_bytes=r.hbm_bytes - kernel + kv_live * steps,
+                                        memory_s=(r.hbm_bytes - kernel + kv_live * steps) / topo.chip.device_hbm_bandwidth)
+                notes.append(f"HBM counts the paged kernel reading the live KV ({kv_live / GIB:.2f} GiB per step); its operands (the "
+                             f"whole pool, every layer) would count {kernel / steps / GIB:.2f} GiB per step")
+            traffic = r.hbm_bytes / steps
+            notes.append(f"per device: sampling weights {weight_bytes / GIB:.2f} GiB ({cfg.sampling.weights_dtype}, "
+                         f"{cfg.sampling.weights_layout} layout) + live KV {kv_live / GIB:.2f} GiB = {(weight_bytes + kv_live) / GIB:.2f} "
+                         f"GiB; HBM traffic per step {traffic / GIB:.2f} GiB ({traffic / (weight_bytes + kv_live):.2f}x)")
             reports.append(dataclasses.replace(r, notes=r.notes + tuple(notes)))
     return Plan(source, model_config, mesh_shape, order, tc, tuple(reports), tuple(replicated_parameters(abstract, mesh)), held)

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import transformers
 
+from timing import best_of
+
 from sgs_jax.models import load_hf
 from sgs_jax.sampling import Sampler, SamplingParams
 
@@ -78,17 +80,6 @@ def make_checkpoint(shape: ModelShape, directory: str) -> transformers.LlamaForC
     return model
 
 
-def best_of(repeats: int, run) -> float:
-    """Best wall time of `repeats` calls of run() after one untimed warm-up call."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def prompts_for(rng, count: int, length: int, vocab: int) -> np.ndarray:
     ids = rng.integers(3, vocab, size=(count, length))
     ids[:, 0] = 1
@@ -105,7 +96,7 @@ def reference_tokens_per_s(hf, prompts: np.ndarray, k: int, new_tokens: int, rep
             out = hf.generate(ids, **kwargs)
         assert (out.shape[1] - ids.shape[1]) * out.shape[0] == len(prompts) * k * new_tokens
 
-    return len(prompts) * k * new_tokens / best_of(repeats, run)
+    return len(prompts) * k * new_tokens / best_of(run, repeats)
 
 
 def ours_tokens_per_s(sampler, model, prompts, params, repeats: int, **kwargs) -> float:
@@ -115,7 +106,7 @@ def ours_tokens_per_s(sampler, model, prompts, params, repeats: int, **kwargs) -
         return out
 
     expected = sum(kwargs.get("max_new_tokens_per_prompt", [params.max_new_tokens] * len(prompts))) * params.num_samples
-    return expected / best_of(repeats, run)
+    return expected / best_of(run, repeats)
 
 
 def case_batch(args, hf, model, rng) -> list[str]:

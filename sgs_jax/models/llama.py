@@ -242,17 +242,7 @@ class Llama(nnx.Module):
         valid = cache.valid.at[rows, slots].set(attention_mask, mode="drop")
         mask = AttentionMask(kv_valid=valid, q_slots=slots)
         cos, sin = rope_cos_sin(self.config, positions)
-        graphdef, layer_params = nnx.split(self.layers)
-
-        def body(carry, xs):
-            x, kv = carry
-            params, layer = xs
-            x, kv = nnx.merge(graphdef, params)(x, cos, sin, mask, kv, layer)
-            return (x, kv), None
-
-        layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
-        init = (self.embed_tokens(input_ids), (cache.keys, cache.values))
-        (x, (keys, values)), _ = jax.lax.scan(body, init, (layer_params, layer_ids))
+        x, (keys, values) = self._cached_layers(self.embed_tokens(input_ids), cos, sin, mask, (cache.keys, cache.values))
         last_real = jnp.max(jnp.where(attention_mask, slots + 1, 0), axis=1)
         end = jnp.maximum(cache.end, last_real).astype(jnp.int32)
         return self.logits_from_hidden(self.final_norm(x)), KVCache(keys, values, valid, end)
@@ -265,18 +255,23 @@ class Llama(nnx.Module):
         pool). Inactive rows write nothing; their logits are unspecified. No remat."""
         positions = batch.cached[:, None]
         cos, sin = rope_cos_sin(self.config, positions)
+        x, (keys, values) = self._cached_layers(self.embed_tokens(tokens[:, None]), cos, sin, batch, (pool.keys, pool.values))
+        return self.logits_from_hidden(self.final_norm(x))[:, 0], PagedKVCache(keys, values)
+
+    def _cached_layers(self, x, cos, sin, attention, kv):
+        """The decoder layers as one `lax.scan` (no remat) threading the stacked (keys,
+        values) through every layer: `attention` is the `AttentionMask` (per-row cache) or
+        the `PagedBatch` (paged pool) each layer attends with."""
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(carry, xs):
             x, kv = carry
             params, layer = xs
-            x, kv = nnx.merge(graphdef, params)(x, cos, sin, batch, kv, layer)
-            return (x, kv), None
+            return nnx.merge(graphdef, params)(x, cos, sin, attention, kv, layer), None
 
         layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
-        init = (self.embed_tokens(tokens[:, None]), (pool.keys, pool.values))
-        (x, (keys, values)), _ = jax.lax.scan(body, init, (layer_params, layer_ids))
-        return self.logits_from_hidden(self.final_norm(x))[:, 0], PagedKVCache(keys, values)
+        (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layer_ids))
+        return x, kv
 
 
 def default_positions(attention_mask: jax.Array) -> jax.Array:

@@ -12,26 +12,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+from timing import best_of
+
 from sgs_jax.models import attention
 
 BATCH, HEADS, KV_HEADS, DIM = 4, 8, 4, 32
-
-
-def best_of(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main(argv=None) -> None:

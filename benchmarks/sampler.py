@@ -1,21 +1,31 @@
-"""Sampler throughput against `transformers` `generate` (torch CPU), and padding waste.
+"""Sampler throughput against `transformers` `generate` (torch CPU), and how cost scales.
 
-Both sample (temperature 1, top-p 1) from the same random Llama checkpoint, on the same
-prompts, batch and lengths, with early stopping off so both generate exactly the same
-number of tokens. Printed in one run:
-- throughput: generated tokens/s of ours and of the reference, and their ratio
-  (issue goal: >= 3x at batch 64 with k = 8, i.e. 8 prompts x 8 samples);
-- padding waste on a mixed-length workload (per-prompt caps drawn uniformly between 10%
-  and 100% of the cap, more rows than slots): the share of slot-steps that did no work
-  with continuous batching, and what static batches of the same rows would waste.
+Every figure is generated tokens/s, best of `--repeats` timed runs after one warm-up run
+on the same full batch, in one process (ratios are measured in one run). Both engines
+sample (temperature 1, top-p 1) from the same random Llama checkpoint with early stopping
+off, so they generate exactly the same number of tokens; torch gets `--threads` threads
+and XLA:CPU its default pool on a machine of that many cores (note `uptime`: the machine
+may be shared). Cases:
 
-    python benchmarks/sampler.py                       # 4 layers, hidden 256
-    python benchmarks/sampler.py --new-tokens 64 --mixed-prompts 16   # quicker
+  batch     8 prompts x k = 8 = 64 rows, 32-token prompts, 128 new tokens (4 layers,
+            hidden 256, vocab 8,192) vs `generate` (dynamic cache); goal >= 3x
+  long      1,024 new tokens for 8 rows (8 layers, hidden 512, vocab 32,000) vs `generate`
+            with its static cache
+  capacity  the batch case at a KV capacity of 512 and of 8,192 tokens per row
+            (max_total_len, and a pool of slots x that): should be within 10%
+  straggler 504 short rows (128 new tokens) through 64 slots, with one long row (1,025
+            new tokens) among them vs without it: the short rows' tokens/s should drop
+            by at most 10%
+
+    python benchmarks/sampler.py                      # every case
+    python benchmarks/sampler.py --cases batch,capacity --repeats 2
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import tempfile
 import time
 
@@ -23,115 +33,167 @@ import numpy as np
 import torch
 import transformers
 
+from timing import best_of
+
 from sgs_jax.models import load_hf
 from sgs_jax.sampling import Sampler, SamplingParams
+
+CASES = ("batch", "long", "capacity", "straggler")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    vocab: int
+    heads: int = 4
+
+
+BATCH_MODEL = ModelShape(layers=4, hidden=256, vocab=8192)
+LONG_MODEL = ModelShape(layers=8, hidden=512, vocab=32000, heads=8)
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--prompts", type=int, default=8, help="prompts in the throughput batch")
-    p.add_argument("--k", type=int, default=8, help="samples per prompt")
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--mixed-prompts", type=int, default=32, help="prompts in the mixed-length workload")
-    p.add_argument("--cap", type=int, default=256, help="max new tokens in the mixed-length workload")
-    p.add_argument("--chunk-steps", type=int, default=16)
-    p.add_argument("--min-window", type=int, default=64, help="smallest decode attention window (Sampler option)")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {CASES}")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per figure (the best is reported)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    return p.parse_args()
+    p.add_argument("--chunk-steps", type=int, default=16)
+    p.add_argument("--page-size", type=int, default=16)
+    args = p.parse_args()
+    args.cases = [c for c in args.cases.split(",") if c]
+    unknown = set(args.cases) - set(CASES)
+    if unknown:
+        p.error(f"unknown cases {sorted(unknown)}")
+    return args
 
 
-def make_checkpoint(args, directory: str) -> transformers.LlamaForCausalLM:
+def make_checkpoint(shape: ModelShape, directory: str) -> transformers.LlamaForCausalLM:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=int(args.hidden * 8 / 3) // 8 * 8,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.heads,
-        max_position_embeddings=4096,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        attn_implementation="sdpa",
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=int(shape.hidden * 8 / 3) // 8 * 8,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.heads,
+        max_position_embeddings=16384, bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation="sdpa",
     )
     model = transformers.LlamaForCausalLM(config).float().eval()
     model.save_pretrained(directory)
     return model
 
 
-def reference_tokens_per_s(hf, prompts: np.ndarray, k: int, new_tokens: int) -> float:
+def prompts_for(rng, count: int, length: int, vocab: int) -> np.ndarray:
+    ids = rng.integers(3, vocab, size=(count, length))
+    ids[:, 0] = 1
+    return ids
+
+
+def reference_tokens_per_s(hf, prompts: np.ndarray, k: int, new_tokens: int, repeats: int, **extra) -> float:
     ids = torch.as_tensor(prompts, dtype=torch.long)
     kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=k,
-                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
-    with torch.no_grad():
-        hf.generate(ids[:1], **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
-        start = time.perf_counter()
-        out = hf.generate(ids, **kwargs)
-        elapsed = time.perf_counter() - start
-    generated = (out.shape[1] - ids.shape[1]) * out.shape[0]
-    assert generated == len(prompts) * k * new_tokens
-    return generated / elapsed
+                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0, **extra)
+
+    def run():
+        with torch.no_grad():
+            out = hf.generate(ids, **kwargs)
+        assert (out.shape[1] - ids.shape[1]) * out.shape[0] == len(prompts) * k * new_tokens
+
+    return len(prompts) * k * new_tokens / best_of(run, repeats)
 
 
-def ours_tokens_per_s(sampler, model, prompts: np.ndarray, k: int, new_tokens: int) -> float:
-    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, max_total_len=4096, num_samples=k, stop_token_ids=())
-    sampler.generate(model, prompts.tolist(), params)  # compile
-    start = time.perf_counter()
-    out = sampler.generate(model, prompts.tolist(), params)
-    elapsed = time.perf_counter() - start
-    generated = sum(len(c.token_ids) for row in out for c in row)
-    assert generated == len(prompts) * k * new_tokens
-    return generated / elapsed
+def ours_tokens_per_s(sampler, model, prompts, params, repeats: int, **kwargs) -> float:
+    def run():
+        out = sampler.generate(model, prompts, params, **kwargs)
+        assert int(out.lengths.sum()) == expected
+        return out
+
+    expected = sum(kwargs.get("max_new_tokens_per_prompt", [params.max_new_tokens] * len(prompts))) * params.num_samples
+    return expected / best_of(run, repeats)
 
 
-def static_batching_waste(lengths: list[int], slots: int) -> float:
-    """Waste if rows ran in fixed batches of `slots`, each until its longest row ends."""
-    steps = sum(max(lengths[i : i + slots]) * slots for i in range(0, len(lengths), slots))
-    return 1 - sum(lengths) / steps
+def case_batch(args, hf, model, rng) -> list[str]:
+    prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab)
+    params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=512, num_samples=8, stop_token_ids=())
+    sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * 512, page_size=args.page_size, chunk_steps=args.chunk_steps)
+    ours = ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
+    ref = reference_tokens_per_s(hf, prompts, 8, 128, args.repeats)
+    return [f"batch: 8 prompts x k=8 = 64 rows, 32-token prompts, 128 new tokens ({describe(BATCH_MODEL)})",
+            row("sgs_jax Sampler", ours), row("transformers generate", ref), row("ratio (ours / reference)", ours / ref, "x")]
+
+
+def case_long(args, rng) -> list[str]:
+    with tempfile.TemporaryDirectory() as directory:
+        hf = make_checkpoint(LONG_MODEL, directory)
+        model = load_hf(directory)
+    prompts = prompts_for(rng, 2, 32, LONG_MODEL.vocab)
+    params = SamplingParams(temperature=1.0, max_new_tokens=1024, max_total_len=2048, num_samples=4, stop_token_ids=())
+    sampler = Sampler(model.config, max_batch=8, kv_pool_tokens=8 * 1088, page_size=args.page_size, chunk_steps=args.chunk_steps)
+    ours = ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
+    ref = reference_tokens_per_s(hf, prompts, 4, 1024, args.repeats, cache_implementation="static")
+    return [f"long: 2 prompts x k=4 = 8 rows, 1,024 new tokens ({describe(LONG_MODEL)})",
+            row("sgs_jax Sampler", ours), row("transformers generate (static cache)", ref), row("ratio (ours / reference)", ours / ref, "x")]
+
+
+def case_capacity(args, model, rng) -> list[str]:
+    prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab).tolist()
+    figures = {}
+    for capacity in (512, 8192):
+        params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=capacity, num_samples=8, stop_token_ids=())
+        sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * capacity, page_size=args.page_size, chunk_steps=args.chunk_steps)
+        figures[capacity] = ours_tokens_per_s(sampler, model, prompts, params, args.repeats)
+    return ["capacity: the batch case with a KV capacity of 512 vs 8,192 tokens per row (pool = 64 x capacity)",
+            row("capacity 512", figures[512]), row("capacity 8,192", figures[8192]),
+            row("ratio (8,192 / 512)", figures[8192] / figures[512], "x")]
+
+
+def case_straggler(args, model, rng) -> list[str]:
+    short, slots, new = 504, 64, 128
+    prompts = prompts_for(rng, short + 1, 32, BATCH_MODEL.vocab).tolist()
+    params = SamplingParams(temperature=1.0, max_new_tokens=new, max_total_len=2048, num_samples=1, stop_token_ids=())
+    sampler = Sampler(model.config, max_batch=slots, kv_pool_tokens=slots * 2048, page_size=args.page_size, chunk_steps=args.chunk_steps)
+    figures = {}
+    for long_cap in (new, 8 * new + 1):
+        caps = [long_cap] + [new] * short  # prompt 0 is the (possibly) long row, admitted first
+
+        def run():
+            start, marks = time.perf_counter(), []
+            sampler.generate(model, prompts, params, max_new_tokens_per_prompt=caps,
+                             on_prompt_done=lambda p, _: marks.append(time.perf_counter() - start) if p else None)
+            return max(marks)  # when the last short row finished
+
+        run()
+        figures[long_cap] = short * new / min(run() for _ in range(args.repeats))
+    return [f"straggler: {short} rows of {new} new tokens through {slots} slots, with one more row of {new} or {8 * new + 1}",
+            row("short rows' tokens/s, no long row", figures[new]), row("short rows' tokens/s, one long row", figures[8 * new + 1]),
+            row("ratio (with / without)", figures[8 * new + 1] / figures[new], "x")]
+
+
+def describe(shape: ModelShape) -> str:
+    return f"{shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab:,}, fp32"
+
+
+def row(name: str, value: float, unit: str = "tokens/s") -> str:
+    return f"  {name:44s}{value:10.2f} {unit}"
 
 
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory() as directory:
-        hf = make_checkpoint(args, directory)
-        model = load_hf(directory)
-    slots = args.prompts * args.k
-    sampler = Sampler(model.config, max_batch=slots, prompt_buckets=(32, 64, 128, 256),
-                      chunk_steps=args.chunk_steps, min_window=args.min_window)
-    prompts = rng.integers(3, args.vocab, size=(args.prompts, args.prompt_len))
-    prompts[:, 0] = 1
-    ours = ours_tokens_per_s(sampler, model, prompts, args.k, args.new_tokens)
-    ref = reference_tokens_per_s(hf, prompts, args.k, args.new_tokens)
-
-    caps = rng.integers(max(1, args.cap // 10), args.cap + 1, size=args.mixed_prompts).tolist()
-    mixed_prompts = [[1] + rng.integers(3, args.vocab, size=int(n)).tolist() for n in rng.integers(8, 120, size=args.mixed_prompts)]
-    params = SamplingParams(temperature=1.0, max_new_tokens=args.cap, max_total_len=4096, num_samples=args.k, stop_token_ids=())
-    sampler.generate(model, mixed_prompts, params, max_new_tokens_per_prompt=caps)  # compile the shapes it needs
-    sampler.generate(model, mixed_prompts, params, max_new_tokens_per_prompt=caps)
-    stats = sampler.last_stats
-    row_lengths = [c for c in caps for _ in range(args.k)]
-
-    print(f"model: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; fp32 on CPU; torch threads {args.threads}; "
-          f"chunk {args.chunk_steps} steps, min window {args.min_window}")
-    print(f"throughput: {args.prompts} prompts x k={args.k} = {slots} rows, prompt {args.prompt_len}, {args.new_tokens} new tokens each")
-    print(f"{'':28s}{'tokens/s':>12s}")
-    print(f"{'sgs_jax Sampler':28s}{ours:12.1f}")
-    print(f"{'transformers generate':28s}{ref:12.1f}")
-    print(f"{'ratio (ours / reference)':28s}{ours / ref:12.2f}")
-    print(f"mixed lengths: {args.mixed_prompts} prompts x k={args.k} = {len(row_lengths)} rows on {stats.num_slots} slots, "
-          f"caps uniform in [{args.cap // 10}, {args.cap}]")
-    print(f"{'decode padding waste (ours, continuous batching)':52s}{stats.decode_waste:8.1%}")
-    print(f"{'decode padding waste (static batches, same rows)':52s}{static_batching_waste(row_lengths, stats.num_slots):8.1%}")
-    print(f"{'prefill padding (bucketed positions not real)':52s}{1 - stats.prefill_real_tokens / stats.prefill_tokens:8.1%}")
-    print(f"{'tokens/s on the mixed workload':52s}{stats.tokens_per_s:8.1f}")
+    lines = [f"CPU cores {os.cpu_count()}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f} at start; "
+             f"chunk {args.chunk_steps} steps, pages of {args.page_size} tokens; best of {args.repeats} after a warm-up"]
+    if {"batch", "capacity", "straggler"} & set(args.cases):
+        with tempfile.TemporaryDirectory() as directory:
+            hf = make_checkpoint(BATCH_MODEL, directory)
+            model = load_hf(directory)
+        if "batch" in args.cases:
+            lines += case_batch(args, hf, model, rng)
+        if "capacity" in args.cases:
+            lines += case_capacity(args, model, rng)
+        if "straggler" in args.cases:
+            lines += case_straggler(args, model, rng)
+    if "long" in args.cases:
+        lines += case_long(args, rng)
+    lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

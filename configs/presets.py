@@ -28,6 +28,8 @@ def testbed(c: ConfigDict) -> None:
     c.sampling.conjecturer_max_new_tokens = 96
     c.sampling.guide_max_new_tokens = 128
     c.sampling.max_batch = 128
+    c.sampling.kv_pool_tokens = 65_536  # 128 slots x 512: every row's worst case fits (no preemption)
+    c.sampling.page_size = 16
     c.verify.backend = "prop"
     # Short Conjecturer and Guide prompts (the ones the testbed models were trained on): the
     # full rubric costs hundreds of tokens per call on a CPU.
@@ -48,9 +50,9 @@ def paper(c: ConfigDict) -> None:
     # fp32 master weights (as DeepSpeed's bf16 mode keeps): a 3e-6 step mostly vanishes in bf16.
     c.model.param_dtype = "float32"
     c.model.remat_policy = "full"
-    # 8K-token rows of MHA KV cache are 3.75 GiB each in bf16: 16 per device on 8 H200s
-    # (check with `sgs-plan --param-dtype float32 --sample-batch 128`).
-    c.sampling.max_batch = 128
+    # MHA KV cache is 480 KiB per token in bf16: the base pool of 512K tokens (240 GiB, 30
+    # GiB per chip on 8) holds 256 rows averaging 2K tokens; rows grow into it by pages.
+    c.sampling.max_batch = 256
     # One 8K sequence per device per micro-batch on 8 devices (micro-batches must split over
     # mesh data x fsdp: on 16 chips set 16); buckets from 1K: 7 training shapes up to 8K.
     for role in (c.solver_train, c.conjecturer_train):

@@ -47,16 +47,19 @@ _CHOICES = {
 _POSITIVE = (
     "run.iterations", "run.checkpoint_every", "targets.max_proofs", "sampling.solver_max_total_len",
     "sampling.conjecturer_max_new_tokens", "sampling.guide_max_new_tokens", "sampling.max_batch",
+    "sampling.kv_pool_tokens", "sampling.page_size",
     "sgs.conjectures_per_target", "sgs.proofs_per_problem", "solver_train.lr", "solver_train.batch_size",
     "solver_train.micro_batch_size", "solver_train.min_bucket", "conjecturer_train.lr", "conjecturer_train.batch_size",
     "conjecturer_train.micro_batch_size", "conjecturer_train.min_bucket", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
 )
 _NON_NEGATIVE = ("targets.limit", "run.log_examples", "run.export_every")
 # Fields a resumed run may change with --allow-config-change: they change how long the run
-# goes, how often it saves or exports, what it keeps and how many workers verify, never a
-# result (the step-0 measurement is made only when a run starts).
+# goes, how often it saves or exports, what it keeps, how many workers verify and how the
+# sampler pages its KV cache (tokens do not depend on pool or page size), never a result
+# (the step-0 measurement is made only when a run starts).
 SAFE_ON_RESUME = ("run.iterations", "run.checkpoint_every", "run.keep_checkpoints", "run.log_examples",
-                  "run.export_every", "run.base_solve_rate", "verify.options.workers")
+                  "run.export_every", "run.base_solve_rate", "verify.options.workers",
+                  "sampling.kv_pool_tokens", "sampling.page_size")
 # Not part of a run's identity: a run directory may be moved.
 _NOT_COMPARED = ("run.workdir",)
 CONFIG_NAME = "config.json"
@@ -255,6 +258,9 @@ def validate(cfg: ConfigDict) -> None:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {cfg.sampling.top_p}")
     if cfg.sampling.temperature < 0 or cfg.sampling.top_k < 0:
         raise ConfigError("sampling.temperature and sampling.top_k must be >= 0")
+    if cfg.sampling.kv_pool_tokens < cfg.sampling.solver_max_total_len + cfg.sampling.page_size:
+        raise ConfigError(f"sampling.kv_pool_tokens ({cfg.sampling.kv_pool_tokens}) cannot hold one Solver row of "
+                          f"sampling.solver_max_total_len ({cfg.sampling.solver_max_total_len}) tokens")
     if not 0.0 < cfg.sgs.keep_quantile < 1.0:
         raise ConfigError(f"sgs.keep_quantile must be in (0, 1), got {cfg.sgs.keep_quantile}")
     if not cfg.model.checkpoint:

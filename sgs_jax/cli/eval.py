@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> dict:
         title = f"Solver {args.checkpoint}"
         source = {"checkpoint": os.path.abspath(args.checkpoint)}
     verifier = make_backend(cfg.verify.backend, **dict(cfg.verify.options))
-    sampler = Sampler(model.config, mesh=mesh, max_batch=cfg.sampling.max_batch)
+    sampler = Sampler.from_config(cfg, model.config, mesh)
     ctx = PhaseContext.from_config(cfg, sampler, tokenizer, verifier, bootstrap.load_templates(cfg))
     print(f"[sgs-eval] {title}: {len(targets)} targets x {args.n} samples, verifier {cfg.verify.backend}", file=sys.stderr, flush=True)
     start = time.perf_counter()

@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop-token-ids", type=int, nargs="*", help="default: the checkpoint's EOS ids")
     parser.add_argument("--max-batch", type=int, default=64, help="decode slots (rows in flight)")
     parser.add_argument("--chunk-steps", type=int, default=16, help="decode steps per jitted chunk")
+    parser.add_argument("--kv-pool-tokens", type=int, default=None,
+                        help="KV pool capacity in tokens, shared by all slots (default: every slot's worst case)")
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute and parameter dtype")
     parser.add_argument("--mesh", default=None, metavar="DATA,FSDP,TENSOR", help="device mesh, e.g. 1,-1,1 (default: one device)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
@@ -96,7 +99,8 @@ def run(args: argparse.Namespace, progress: TextIO | None) -> int:
         )
         records = [ValueError(line.error) if line.error else line.value for line in lines]
         writer = OrderedWriter(out, len(lines))
-        sampler = Sampler(model.config, mesh=mesh, max_batch=args.max_batch, chunk_steps=args.chunk_steps)
+        sampler = Sampler(model.config, mesh=mesh, max_batch=args.max_batch, chunk_steps=args.chunk_steps,
+                          kv_pool_tokens=args.kv_pool_tokens, page_size=args.page_size)
         results = generate_records(
             sampler, model, tokenizer, records, params, _progress_printer(progress) if progress else None,
             on_record=lambda i, result: writer.put(i, {"line": lines[i].number, **result}),

@@ -16,6 +16,7 @@ h100:N / h200:N compile with XLA:CPU and read the roofline with that GPU's figur
   sgs-plan --aot v5p:2x2x2 --config configs/sgs.py:paper
   sgs-plan --aot v5e:4x4 --config configs/sgs.py:paper --config.solver_train.micro_batch_size=16
   sgs-plan --aot v5p:2x2x2 --config configs/sgs.py:paper --num-layers 2 --programs train,decode --json
+  sgs-plan --aot v5p:2x2x2 --config configs/sgs.py:paper --programs decode --decode-tokens 2048
 prints, per program and per device: memory (arguments, outputs, temporaries, code, peak,
 and whether it fits in HBM), FLOPs, HBM bytes and collective bytes per execution (loop
 bodies times their trip counts), and a roofline time (max of compute, HBM and ICI time).
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     aot.add_argument("--num-layers", type=int, help="model depth override (e.g. 2 for a quick plan of the full width)")
     aot.add_argument("--programs", default="train,apply,prefill,decode", help="comma-separated subset of train,apply,prefill,decode")
     aot.add_argument("--prompt-len", type=int, default=1024, help="prefill prompt length (rounded up to its bucket)")
+    aot.add_argument("--decode-tokens", type=int,
+                     help="cached tokens per row on average in the decode chunk (default: the KV pool shared evenly by the slots)")
     aot.add_argument("--slices", type=int, default=1, help="TPU slices (multi-slice over DCN)")
     aot.add_argument("--chip", choices=("v4", "v5e", "v5p", "v6e", "h100", "h200"), help="roofline figures of another chip")
     aot.add_argument("--hlo-dir", help="write each compiled program's optimised HLO text here (NAME.hlo.txt)")
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.overrides = rest
-    for name in ("data", "fsdp", "tensor", "micro_batch", "seq_len", "sample_batch", "num_layers", "prompt_len", "slices"):
+    for name in ("data", "fsdp", "tensor", "micro_batch", "seq_len", "sample_batch", "num_layers", "prompt_len", "decode_tokens", "slices"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             print(f"sgs-plan: --{name.replace('_', '-')} must be positive", file=sys.stderr)
@@ -153,7 +156,7 @@ def _aot(args) -> int:
         topo = topology(args.aot, num_slices=args.slices, chip=args.chip)
         programs = tuple(p.strip() for p in args.programs.split(",") if p.strip())
         plan = plan_programs(cfg, topo, programs, num_layers=args.num_layers, micro_batch=args.micro_batch,
-                             seq_len=args.seq_len, prompt_len=args.prompt_len, hlo_dir=args.hlo_dir)
+                             seq_len=args.seq_len, prompt_len=args.prompt_len, decode_tokens=args.decode_tokens, hlo_dir=args.hlo_dir)
     except (ConfigError, ValueError, RuntimeError, KeyError) as err:
         print(f"sgs-plan: {err}", file=sys.stderr)
         return 2

@@ -12,10 +12,12 @@ one `lax.scan` over them, so compile time does not grow with depth:
 `sgs_jax.models.hf_io` converts to and from Hugging Face names and layouts; attention
 itself is `sgs_jax.models.attention.attend` (backend chosen by `config.attention`).
 
-Two entry points share every layer:
+Three entry points share every layer:
   `model(input_ids, attention_mask, positions)`      full causal forward -> logits
   `model.forward_cached(input_ids, cache, ...)`      append tokens to a KVCache (prefill or
                                                       decode) -> (logits, cache)
+  `model.forward_paged(tokens, pool, batch)`         one decode step per row into the paged
+                                                      KV pool (`paged_cache`) -> (logits, pool)
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from flax import nnx
 from sgs_jax.models.attention import AttentionMask, attend
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.kv_cache import KVCache
+from sgs_jax.models.paged_attention import paged_decode
+from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache
 from sgs_jax.models.rope import apply_rope, rope_cos_sin
 from sgs_jax.parallel.rules import constrain
 
@@ -77,7 +81,9 @@ class Attention(nnx.Module):
 
         cache_kv: None (self-attention) or the stacked (keys, values), [L, B, S, Hkv, D]
         each: the new keys/values are written into layer `layer` at mask.q_slots first, and
-        the queries attend over that layer's whole cache rows.
+        the queries attend over that layer's whole cache rows. With a `PagedBatch` as
+        `mask` (paged decode, T = 1), cache_kv is the paged pool and `paged_decode` writes
+        and attends over the pages each row holds.
         """
         dt = self.config.compute_dtype
         q = jnp.einsum("bte,ehd->bthd", x, self.q_proj.kernel[...].astype(dt))
@@ -85,6 +91,9 @@ class Attention(nnx.Module):
         v = jnp.einsum("bte,ehd->bthd", x, self.v_proj.kernel[...].astype(dt))
         q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
         k = apply_rope(k, cos, sin)
+        if isinstance(mask, PagedBatch):
+            out, cache_kv = paged_decode(q[:, 0], k[:, 0], v[:, 0], cache_kv, layer, mask, self.config.attention)
+            return jnp.einsum("bhd,hde->be", out, self.o_proj.kernel[...].astype(dt))[:, None], cache_kv
         if cache_kv is not None:
             keys, values = cache_kv
             rows = jnp.arange(x.shape[0])[:, None]
@@ -233,20 +242,36 @@ class Llama(nnx.Module):
         valid = cache.valid.at[rows, slots].set(attention_mask, mode="drop")
         mask = AttentionMask(kv_valid=valid, q_slots=slots)
         cos, sin = rope_cos_sin(self.config, positions)
+        x, (keys, values) = self._cached_layers(self.embed_tokens(input_ids), cos, sin, mask, (cache.keys, cache.values))
+        last_real = jnp.max(jnp.where(attention_mask, slots + 1, 0), axis=1)
+        end = jnp.maximum(cache.end, last_real).astype(jnp.int32)
+        return self.logits_from_hidden(self.final_norm(x)), KVCache(keys, values, valid, end)
+
+
+    def forward_paged(self, tokens: jax.Array, pool: PagedKVCache, batch: PagedBatch):
+        """One decode step of every row into the paged pool: `tokens` [S] int32 sit at
+        position batch.cached of their rows (their keys/values are written there, in every
+        layer) and attend over the row's positions 0..cached. Returns (logits [S, V] fp32,
+        pool). Inactive rows write nothing; their logits are unspecified. No remat."""
+        positions = batch.cached[:, None]
+        cos, sin = rope_cos_sin(self.config, positions)
+        x, (keys, values) = self._cached_layers(self.embed_tokens(tokens[:, None]), cos, sin, batch, (pool.keys, pool.values))
+        return self.logits_from_hidden(self.final_norm(x))[:, 0], PagedKVCache(keys, values)
+
+    def _cached_layers(self, x, cos, sin, attention, kv):
+        """The decoder layers as one `lax.scan` (no remat) threading the stacked (keys,
+        values) through every layer: `attention` is the `AttentionMask` (per-row cache) or
+        the `PagedBatch` (paged pool) each layer attends with."""
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(carry, xs):
             x, kv = carry
             params, layer = xs
-            x, kv = nnx.merge(graphdef, params)(x, cos, sin, mask, kv, layer)
-            return (x, kv), None
+            return nnx.merge(graphdef, params)(x, cos, sin, attention, kv, layer), None
 
         layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
-        init = (self.embed_tokens(input_ids), (cache.keys, cache.values))
-        (x, (keys, values)), _ = jax.lax.scan(body, init, (layer_params, layer_ids))
-        last_real = jnp.max(jnp.where(attention_mask, slots + 1, 0), axis=1)
-        end = jnp.maximum(cache.end, last_real).astype(jnp.int32)
-        return self.logits_from_hidden(self.final_norm(x)), KVCache(keys, values, valid, end)
+        (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layer_ids))
+        return x, kv
 
 
 def default_positions(attention_mask: jax.Array) -> jax.Array:

@@ -195,6 +195,7 @@ class ProgramReport:
     loops: tuple[tuple[int, str, int], ...]  # (trip count, how it was found, how many loops)
     custom_calls: dict[str, int]
     notes: tuple[str, ...] = ()
+    unestimated_kernel_bytes: float = 0.0  # of hbm_bytes: operands + results of kernels without a cost estimate
 
     @property
     def roofline_s(self) -> float:
@@ -279,7 +280,7 @@ def report(
         compute_s=cost.flops / chip.device_flops, memory_s=cost.hbm_bytes / chip.device_hbm_bandwidth,
         ici_s=cost.link_bytes / chip.device_ici_bandwidth, tokens=tokens, useful_flops=useful_flops,
         loops=tuple((t, h, n) for (t, h), n in sorted(loops.items())), custom_calls=dict(cost.custom_calls),
-        notes=tuple(extra),
+        notes=tuple(extra), unestimated_kernel_bytes=cost.unestimated_kernel_bytes,
     )
 
 

@@ -6,15 +6,17 @@ compiler makes of FSDP matmuls, a decode chunk) counts as one iteration. Here th
 walked from the entry computation with each loop body weighted by its trip count:
 
   flops        2 * (output elements) * (contracted elements) of every dot and convolution
-  hbm_bytes    operands + results of every top-level op (a fusion is one op; a slice of a
-               big operand counts the slice; in-place updates count the update), excluding
+  hbm_bytes    operands + results of every top-level op (a fusion is one op; a slice or a
+               gather of a big operand counts what it takes; in-place updates count the
+               update), excluding
                buffers the compiler placed in on-chip memory (layout `S(n)`, n > 0)
   collectives  result bytes and ring-algorithm link traffic per kind (all-gather,
                reduce-scatter, all-reduce, all-to-all, collective-permute)
   kernels      Pallas kernels (custom calls) count the FLOPs and bytes they declare in
                their cost estimate; splash attention (which declares none) counts FLOPs
                from its shapes and block map (`_splash_flops`); other kernels without an
-               estimate are counted in `unestimated_kernels`
+               estimate are counted in `unestimated_kernels`, their operands and results
+               in `unestimated_kernel_bytes` (all of it: what the kernel reads is data)
 
 Trip counts come from `known_trip_count` when XLA states it, else from the loop condition
 `counter < constant` (with the counter's start and step read from the loop's operands and
@@ -361,22 +363,57 @@ def _operand_traffic(comps, comp: Computation, ins: Instruction) -> float:
     """HBM bytes a top-level op reads and writes (see the module docstring)."""
     if ins.opcode == "dynamic-slice" or ins.opcode == "slice":
         return 2 * type_bytes(ins.type_text, True)
+    if ins.opcode == "gather" and len(ins.operands) > 1:  # the rows taken, twice, and the indices
+        return 2 * type_bytes(ins.type_text, True) + type_bytes(comp.type_of(ins.operands[1]), True)
     if ins.opcode in _IN_PLACE and len(ins.operands) > _IN_PLACE[ins.opcode]:
         return 2 * type_bytes(comp.type_of(ins.operands[_IN_PLACE[ins.opcode]]), True)
     if ins.opcode == "fusion":
         fused = comps.get(_attr(ins.attrs, "calls") or "")
         if fused is not None:
-            return _fusion_traffic(fused, ins, comp)
+            return _fusion_traffic(comps, fused, ins, comp)
     total = type_bytes(ins.type_text, True) if not ins.opcode.endswith("-start") else 0.0
     return total + sum(type_bytes(comp.type_of(op), True) for op in ins.operands)
 
 
-def _fusion_traffic(fused: Computation, ins: Instruction, caller: Computation) -> float:
-    params = {p.name: int(p.args) for p in fused.instructions.values() if p.opcode == "parameter" and p.args.strip().isdigit()}
+def _users(comp: Computation) -> dict[str, list[Instruction]]:
     users: dict[str, list[Instruction]] = {}
-    for x in fused.instructions.values():
+    for x in comp.instructions.values():
         for op in x.operands:
             users.setdefault(op, []).append(x)
+    return users
+
+
+def _params(comp: Computation) -> dict[str, int]:
+    return {p.name: int(p.args) for p in comp.instructions.values() if p.opcode == "parameter" and p.args.strip().isdigit()}
+
+
+def _taken_bytes(comps, comp: Computation, name: str, depth: int = 0) -> float | None:
+    """Bytes of `name` (a parameter of fused computation `comp`) its users take when every
+    use is a slice, a dynamic slice or a gather of it, or a nested fusion whose parameter is
+    used so (a scanned layer's weight sliced inside an inner fusion); None when some use
+    reads it whole."""
+    uses = _users(comp).get(name, [])
+    if not uses or depth > 4:
+        return None
+    total = 0.0
+    for u in uses:
+        if u.opcode in ("dynamic-slice", "slice") or (u.opcode == "gather" and u.operands[:1] == [name]):
+            total += type_bytes(u.type_text, True)
+            continue
+        inner = comps.get(_attr(u.attrs, "calls") or "") if u.opcode == "fusion" else None
+        if inner is None:
+            return None
+        slots = {i for i, op in enumerate(u.operands) if op == name}
+        taken = [_taken_bytes(comps, inner, p, depth + 1) for p, i in _params(inner).items() if i in slots]
+        if not taken or any(t is None for t in taken):
+            return None
+        total += sum(taken)
+    return total
+
+
+def _fusion_traffic(comps, fused: Computation, ins: Instruction, caller: Computation) -> float:
+    params = _params(fused)
+    users = _users(fused)
     root = fused.instructions.get(fused.root or "")
     in_place = root is not None and root.opcode in _IN_PLACE and len(root.operands) > _IN_PLACE[root.opcode]
     total = 0.0
@@ -385,8 +422,9 @@ def _fusion_traffic(fused: Computation, ins: Instruction, caller: Computation) -
             continue
         full = type_bytes(caller.type_of(ins.operands[index]), True)
         uses = users.get(pname, [])
-        if uses and all(u.opcode in ("dynamic-slice", "slice") for u in uses):
-            total += min(full, sum(type_bytes(u.type_text, True) for u in uses))
+        taken = _taken_bytes(comps, fused, pname)
+        if taken is not None:
+            total += min(full, taken)
         elif in_place and uses == [root] and root.operands and root.operands[0] == pname:
             continue  # the buffer updated in place is not read
         else:
@@ -411,6 +449,7 @@ class HloCost:
     largest_collectives: list[tuple[float, str, str]] = dataclasses.field(default_factory=list)  # (bytes, kind, op name)
     custom_calls: dict[str, float] = dataclasses.field(default_factory=dict)  # target -> executions
     unestimated_kernels: float = 0.0  # Pallas kernel executions without a cost estimate (FLOPs not counted)
+    unestimated_kernel_bytes: float = 0.0  # their operand + result bytes (in hbm_bytes: an upper bound of their traffic)
     modelled_kernels: float = 0.0  # splash-attention kernel executions whose FLOPs come from their shapes
 
     @property
@@ -427,6 +466,7 @@ class HloCost:
             "loops": [dataclasses.asdict(loop) for loop in self.loops],
             "custom_calls": dict(self.custom_calls),
             "unestimated_kernels": self.unestimated_kernels,
+            "unestimated_kernel_bytes": self.unestimated_kernel_bytes,
             "modelled_kernels": self.modelled_kernels,
         }
 
@@ -457,7 +497,7 @@ def analyze_hlo(text: str, num_devices: int, keep_largest: int = 8) -> HloCost:
                 cost.collective_counts[kind] += weight
                 cost.link_bytes += weight * _link_traffic(kind, size, n)
                 largest.append((size, kind, ins.name))
-            estimate = None
+            estimate, modelled = None, None
             if op == "custom-call":
                 target = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
                 name = target.group(1) if target else "?"
@@ -473,7 +513,10 @@ def analyze_hlo(text: str, num_devices: int, keep_largest: int = 8) -> HloCost:
                 elif estimate is not None:
                     cost.flops += weight * estimate[0]
             if not fused and op not in _NO_TRAFFIC and not op.endswith("-done"):
-                cost.hbm_bytes += weight * (estimate[1] if estimate is not None else _operand_traffic(comps, comp, ins))
+                traffic = estimate[1] if estimate is not None else _operand_traffic(comps, comp, ins)
+                cost.hbm_bytes += weight * traffic
+                if op == "custom-call" and estimate is None and name == "tpu_custom_call" and not modelled:
+                    cost.unestimated_kernel_bytes += weight * traffic
             if op == "while":
                 loop = trip_count(comps, comp, ins)
                 cost.loops.append(loop)

@@ -35,6 +35,7 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "act_mlp": ("tensor",),
     "act_vocab": ("tensor",),
     "cache_seq": None,
+    "kv_pages": ("data", "fsdp"),  # the sampler's paged KV pool: pages split like the rows that hold them
 }
 
 # The rollout engine's weights: like RULES but replicated over data and fsdp (`embed` whole),

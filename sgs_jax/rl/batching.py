@@ -23,30 +23,37 @@ import jax.numpy as jnp
 import numpy as np
 
 from sgs_jax.rl.objectives import sequence_scale
-from sgs_jax.sgs.types import TrainingSample
+from sgs_jax.sgs.types import TrainingSample, token_array
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class SequenceExample:
-    """One training sequence.
+    """One training sequence (token arrays read-only; compares by identity).
 
-    prompt_ids: tokens the model is conditioned on (never trained on), at least one.
-    completion_ids: generated tokens (trained on), at least one.
+    prompt_ids [P] int32: tokens the model is conditioned on (never trained on), P >= 1.
+    completion_ids [L] int32: generated tokens (trained on), L >= 1.
     weight: per-sequence weight, or advantage for CISPO.
-    old_logprobs: the sampler's log-probability (nats) of each completion token; CISPO only.
+    old_logprobs [L] float32: the sampler's log-probability (nats) of each completion
+        token; CISPO only.
     group: the problem the sequence belongs to (CISPO's per-group normalisation).
+    Sequences given as lists or tuples become arrays; a rollout's arrays are used as they
+    are (views of the sampler's columnar output, no copy).
     """
 
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
+    prompt_ids: np.ndarray | Sequence[int]
+    completion_ids: np.ndarray | Sequence[int]
     weight: float = 1.0
-    old_logprobs: tuple[float, ...] | None = None
+    old_logprobs: np.ndarray | Sequence[float] | None = None
     group: int = 0
 
     def __post_init__(self):
-        if not self.prompt_ids:
+        object.__setattr__(self, "prompt_ids", token_array(self.prompt_ids))
+        object.__setattr__(self, "completion_ids", token_array(self.completion_ids))
+        if self.old_logprobs is not None:
+            object.__setattr__(self, "old_logprobs", token_array(self.old_logprobs, np.float32))
+        if not len(self.prompt_ids):
             raise ValueError("a training sequence needs at least one prompt token (e.g. BOS)")
-        if not self.completion_ids:
+        if not len(self.completion_ids):
             raise ValueError("a training sequence needs at least one completion token")
         if self.old_logprobs is not None and len(self.old_logprobs) != len(self.completion_ids):
             raise ValueError(
@@ -64,7 +71,7 @@ class SequenceExample:
     def from_training_sample(cls, prompt_ids: Sequence[int], sample: TrainingSample) -> "SequenceExample":
         """A rollout turned training sample, with the prompt ids it was sampled from."""
         rollout = sample.rollout
-        return cls(tuple(prompt_ids), tuple(rollout.token_ids), float(sample.weight), tuple(rollout.logprobs), sample.group)
+        return cls(prompt_ids, rollout.token_ids, float(sample.weight), rollout.logprobs, sample.group)
 
 
 @jax.tree_util.register_dataclass
@@ -150,7 +157,7 @@ def group_batches(
 
 
 def _fill_row(batch: dict[str, np.ndarray], row: int, example: SequenceExample, scale: float) -> None:
-    seq = np.asarray(example.prompt_ids + example.completion_ids, np.int32)
+    seq = np.concatenate([example.prompt_ids, example.completion_ids])
     n, p = example.num_inputs, len(example.prompt_ids)
     batch["input_ids"][row, :n] = seq[:-1]
     batch["attention_mask"][row, :n] = True

@@ -122,7 +122,7 @@ def guide_format_rate(model, tokenizer, pairs: Sequence[SftPair], max_new_tokens
     sampler = sampler or Sampler(model.config, max_batch=min(64, len(pairs)))
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     completions = sampler.generate(model, [prompt_ids(tokenizer, p) for p in pairs], params, tokenizer=tokenizer)
-    return sum(parse_guide_reply(c[0].text) is not None for c in completions) / len(pairs)
+    return sum(parse_guide_reply(text) is not None for text in completions.texts) / len(pairs)
 
 
 def run_sft(

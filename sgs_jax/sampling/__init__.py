@@ -1,12 +1,12 @@
-"""The rollout engine: batched sampling with a KV cache and continuous batching."""
+"""The rollout engine: batched sampling over a paged KV pool with continuous batching."""
 
-from sgs_jax.sampling.params import Completion, GenerationStats, SamplingParams
+from sgs_jax.sampling.params import Completions, GenerationStats, SamplingParams
 from sgs_jax.sampling.sampler import Sampler
 from sgs_jax.sampling.shapes import PromptError
 from sgs_jax.sampling.text import encode_prompt, generate_records, generate_text
 
 __all__ = [
-    "Completion",
+    "Completions",
     "GenerationStats",
     "PromptError",
     "Sampler",

@@ -37,24 +37,77 @@ def filter_logits(logits: jax.Array, temperature, top_k, top_p) -> jax.Array:
     return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
-def next_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p, *, greedy: bool, filtered: bool):
+MODES = ("greedy", "plain", "tempered", "filtered")
+_DRAW_BLOCK = 128  # vocabulary block of the two-level inverse-CDF draw
+
+
+def sampling_mode(temperature: float, top_k: int, top_p: float) -> str:
+    """Which static variant of `next_tokens` serves these settings: greedy (temperature
+    0), plain (temperature 1, no filtering: the sampling distribution is the model's),
+    tempered (temperature only), filtered (top-k / top-p: needs a vocabulary sort)."""
+    if temperature == 0:
+        return "greedy"
+    if top_k > 0 or top_p < 1:
+        return "filtered"
+    return "plain" if temperature == 1 else "tempered"
+
+
+def _last_positive(x: jax.Array) -> jax.Array:
+    """Index of the last entry > 0 along the last axis (0 when none)."""
+    idx = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.max(jnp.where(x > 0, idx, 0), axis=-1)
+
+
+def draw(weights: jax.Array, keys: jax.Array) -> jax.Array:
+    """One index per row from unnormalised non-negative `weights` [B, V] with probability
+    weights / sum, by inverse CDF on one uniform per row (`keys` [B, 2]).
+
+    Two levels, so no length-V cumulative sum is taken: the uniform first picks a block of
+    `_DRAW_BLOCK` entries from the block sums' cumulative sum, then an entry inside that
+    block. An index of weight 0 is never returned (fp32 rounding at the top end is clamped
+    to the last positive block / entry)."""
+    rows, vocab = weights.shape
+    blocks = -(-vocab // _DRAW_BLOCK)
+    padded = jnp.pad(weights, ((0, 0), (0, blocks * _DRAW_BLOCK - vocab))).reshape(rows, blocks, _DRAW_BLOCK)
+    block_mass = jnp.sum(padded, axis=-1)  # [B, blocks]
+    cumulative = jnp.cumsum(block_mass, axis=-1)
+    u = jax.vmap(lambda k: jax.random.uniform(k, dtype=jnp.float32))(keys) * cumulative[:, -1]
+    block = jnp.minimum(jnp.sum(cumulative <= u[:, None], axis=-1), _last_positive(block_mass))
+    inside = jnp.take_along_axis(padded, block[:, None, None], axis=1)[:, 0]  # [B, block]
+    before = jnp.take_along_axis(cumulative - block_mass, block[:, None], axis=1)
+    entry = jnp.minimum(jnp.sum(before + jnp.cumsum(inside, axis=-1) <= u[:, None], axis=-1), _last_positive(inside))
+    return (block * _DRAW_BLOCK + entry).astype(jnp.int32)
+
+
+def next_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p, *, mode: str):
     """Choose one token per row and score it.
 
-    logits [B, V] fp32; keys [B, 2] uint32, one PRNG key per row (unused when greedy).
+    logits [B, V] fp32; keys [B, 2] uint32, one PRNG key per row (unused when greedy);
+    mode: `sampling_mode(...)` of the runtime temperature / top_k / top_p (scalars).
     Returns (tokens [B] int32, logprobs [B] fp32, entropies [B] fp32): the log-prob under
     the sampling distribution (for greedy, the temperature-1 log-softmax) and the
-    temperature-1 entropy (see `Completion`).
+    temperature-1 entropy (see `Completions`). One exponential pass over the vocabulary
+    serves entropy, log-prob and the draw in plain mode.
     """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     logits = logits.astype(jnp.float32)
-    ent = entropy(logits)
-    if greedy:
+    shifted = logits - jnp.max(logits, axis=-1, keepdims=True)
+    exp = jnp.exp(shifted)
+    total = jnp.sum(exp, axis=-1)
+    log_total = jnp.log(total)
+    ent = log_total - jnp.sum(exp * shifted, axis=-1) / total
+    if mode == "greedy":
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        sampling = logits
+    elif mode == "plain":
+        tokens = draw(exp, keys)
     else:
-        sampling = filter_logits(logits, temperature, top_k, top_p) if filtered else logits / temperature
-        tokens = jax.vmap(jax.random.categorical)(keys, sampling).astype(jnp.int32)
-    logp = jax.nn.log_softmax(sampling, axis=-1)
-    chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+        sampling = filter_logits(logits, temperature, top_k, top_p) if mode == "filtered" else logits / temperature
+        shifted = sampling - jnp.max(sampling, axis=-1, keepdims=True)
+        exp = jnp.exp(shifted)
+        log_total = jnp.log(jnp.sum(exp, axis=-1))
+        tokens = draw(exp, keys)
+    chosen = jnp.take_along_axis(shifted, tokens[:, None], axis=-1)[:, 0] - log_total
     return tokens, chosen, ent
 
 

@@ -1,12 +1,11 @@
-"""What a generation call asks for (`SamplingParams`) and what it returns (`Completion`)."""
+"""What a generation call asks for (`SamplingParams`) and what it returns (`Completions`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
-FINISH_REASONS = ("stop", "length")
-
+import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -61,11 +60,20 @@ class SamplingParams:
         return tuple(eos_token_ids) if self.stop_token_ids is None else self.stop_token_ids
 
 
-@dataclasses.dataclass(frozen=True)
-class Completion:
-    """One generated sample.
+def _frozen(x, dtype) -> np.ndarray:
+    array = np.array(x, dtype=dtype)  # a copy: the caller's buffers stay theirs
+    array.flags.writeable = False
+    return array
 
-    token_ids: generated ids (the stop token included when finish_reason is "stop").
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Completions:
+    """Every sample of one `Sampler.generate` call, columnar; rows are prompt-major (row
+    p * num_samples + s is sample s of prompt p). Arrays are read-only.
+
+    prompt_index, sample_index [N] int32; lengths [N] int32: generated tokens L_i (the stop
+    token included when stopped[i]). token_ids [N, L] int32, logprobs and entropies [N, L]
+    float32, with L = max(lengths); entries past a row's length are 0.
     logprobs: natural-log probability of each token under the *sampling* distribution
         (temperature, then top-k, then top-p, renormalised) - the pi_old of CISPO. For
         greedy decoding (temperature 0) that distribution is a point mass, so the model's
@@ -73,24 +81,79 @@ class Completion:
     entropies: entropy (nats) of the model's full temperature-1 next-token distribution
         softmax(logits) at each step, before any temperature / top-k / top-p: the
         Solver-entropy diagnostic, independent of the sampling settings.
-    finish_reason: "stop" (a stop token was generated) or "length" (max_new_tokens or
-        max_total_len reached).
-    text: decoded text (special tokens dropped) when a tokenizer was given, else None.
+    stopped [N] bool: a stop token ended the row (finish reason "stop"); otherwise
+        max_new_tokens or max_total_len did ("length").
+    texts: decoded text per row (special tokens dropped) when a tokenizer was given, else None.
     """
 
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    entropies: tuple[float, ...]
-    finish_reason: str
-    prompt_index: int
-    sample_index: int
-    text: Optional[str] = None
+    prompt_index: np.ndarray
+    sample_index: np.ndarray
+    lengths: np.ndarray
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    entropies: np.ndarray
+    stopped: np.ndarray
+    texts: Optional[tuple[str, ...]] = None
 
     def __post_init__(self):
-        if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
-        if not len(self.token_ids) == len(self.logprobs) == len(self.entropies):
-            raise ValueError("token_ids, logprobs and entropies must have one entry per token")
+        n = len(self.lengths)
+        width = int(np.max(self.lengths, initial=0))
+        for name, dtype in (("prompt_index", np.int32), ("sample_index", np.int32), ("lengths", np.int32), ("stopped", bool)):
+            object.__setattr__(self, name, _frozen(getattr(self, name), dtype))
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"{name} must have shape ({n},), got {getattr(self, name).shape}")
+        for name, dtype in (("token_ids", np.int32), ("logprobs", np.float32), ("entropies", np.float32)):
+            array = np.asarray(getattr(self, name), dtype)
+            if array.ndim != 2 or array.shape[0] != n:
+                raise ValueError(f"{name} must have shape ({n}, L), got {array.shape}")
+            if array.shape[1] < width:
+                raise ValueError(f"{name} has {array.shape[1]} columns for rows of up to {width} tokens")
+            object.__setattr__(self, name, _frozen(array[:, :width], dtype))
+        if self.texts is not None:
+            object.__setattr__(self, "texts", tuple(self.texts))
+            if len(self.texts) != n:
+                raise ValueError(f"{len(self.texts)} texts for {n} rows")
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def finish_reasons(self) -> tuple[str, ...]:
+        return tuple("stop" if s else "length" for s in self.stopped)
+
+    def tokens(self, row: int) -> np.ndarray:
+        """Generated ids of one row [L_row] (a read-only view)."""
+        return self.token_ids[row, : self.lengths[row]]
+
+    def row_logprobs(self, row: int) -> np.ndarray:
+        return self.logprobs[row, : self.lengths[row]]
+
+    def row_entropies(self, row: int) -> np.ndarray:
+        return self.entropies[row, : self.lengths[row]]
+
+    def text(self, row: int) -> Optional[str]:
+        return None if self.texts is None else self.texts[row]
+
+    def mean_entropies(self) -> np.ndarray:
+        """[N] mean per-token entropy of each row (nats; 0 for an empty row)."""
+        mask = np.arange(self.entropies.shape[1])[None, :] < self.lengths[:, None]
+        return np.sum(self.entropies * mask, axis=1) / np.maximum(self.lengths, 1)
+
+    def select(self, rows) -> "Completions":
+        """The given rows (an index array or slice), in that order."""
+        rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows, np.int64)
+        texts = None if self.texts is None else tuple(self.texts[i] for i in rows)
+        return Completions(self.prompt_index[rows], self.sample_index[rows], self.lengths[rows], self.token_ids[rows],
+                           self.logprobs[rows], self.entropies[rows], self.stopped[rows], texts)
+
+    def rows_of(self, prompt: int) -> np.ndarray:
+        """Row indices of one prompt's samples, sample order."""
+        return np.flatnonzero(self.prompt_index == prompt)
+
+    @classmethod
+    def empty(cls) -> "Completions":
+        z = np.zeros((0,), np.int32)
+        return cls(z, z, z, np.zeros((0, 0), np.int32), np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32), np.zeros((0,), bool), ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +163,14 @@ class GenerationStats:
     slot_steps: slots x decode steps executed; generated_tokens of them did real work, so
     decode padding waste = 1 - generated_tokens / slot_steps. prefill_tokens: prompt
     positions computed (bucket padding included); prefill_real_tokens: real ones.
-    max_window: the largest attention window (cache slots) a decode chunk used.
+    pool_pages / page_size: the KV pool (all shards); peak_pages: most pages held at once;
+    preemptions: rows sent back to the queue because the pool was full (recomputed later).
     """
 
     num_slots: int
-    cache_len: int
-    max_window: int
+    pool_pages: int
+    page_size: int
+    peak_pages: int
     decode_steps: int
     slot_steps: int
     generated_tokens: int
@@ -113,6 +178,7 @@ class GenerationStats:
     prefill_real_tokens: int
     refills: int
     chunks: int
+    preemptions: int
     wall_s: float
 
     @property

@@ -1,9 +1,11 @@
-"""The device programs: an empty decode state, prefill-and-insert, and a decode chunk.
+"""The device programs: an empty decode state, prefill-into-pages, and a decode chunk.
 
 All three are pure functions of (graphdef, parameter state, decode state, ...) meant to be
-jitted with the decode state donated. Shapes are static per (slots, cache length, prompt
-bucket, prefill batch); parameters and sampling values are ordinary arguments, so fresh
-weights or another temperature reuse the same compiled program.
+jitted with the decode state donated. Shapes are static per (slots, pool pages, page size,
+page-table width, prompt bucket, prefill batch, work-list size); parameters and sampling
+values are ordinary arguments, so fresh weights or another temperature reuse the same
+compiled program. The host (`sampling.scheduler`) owns the page table: it decides which
+pages each row holds and sends the table with every chunk.
 """
 
 from __future__ import annotations
@@ -14,25 +16,30 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sgs_jax.models.attention import _platform
 from sgs_jax.models.config import ModelConfig
-from sgs_jax.models.kv_cache import KV_AXES, KVCache
-from sgs_jax.parallel.rules import constrain
+from sgs_jax.models.kv_cache import KVCache
+from sgs_jax.models.paged_attention import build_work, select_paged_backend, shard_specs
+from sgs_jax.models.paged_cache import POOL_AXES, PagedBatch, PagedKVCache, prompt_pages, write_pages
+from sgs_jax.parallel.rules import constrain, current_mesh
 from sgs_jax.sampling.distribution import next_tokens
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
-    """Everything the decode loop carries, one row per slot.
+    """Everything the decode loop carries, one row per slot (plus the shared pool).
 
-    cache: the KV cache, holding each row's prompt minus its last token, then generation.
-    pending [S] int32: the token to feed next (the last prompt token, then each sample).
-    generated [S] int32: tokens generated so far. limit [S] int32: the row's cap.
-    done [S] bool: finished or empty (such rows are frozen: masked, never written).
-    rng [S, 2] uint32: per-row base PRNG key; step t draws with fold_in(rng, t).
+    pool: the paged KV pool. cached [S] int32: tokens of the row in the pool (its prompt
+    minus the last token, then one per step). pending [S] int32: the token to feed next
+    (the last prompt token, then each sample). generated [S] int32: tokens generated so
+    far. limit [S] int32: the row's cap. done [S] bool: finished or empty (such rows are
+    frozen: they write nothing). rng [S, 2] uint32: per-row base PRNG key; step t draws
+    with fold_in(rng, t).
     """
 
-    cache: KVCache
+    pool: PagedKVCache
+    cached: jax.Array
     pending: jax.Array
     generated: jax.Array
     limit: jax.Array
@@ -43,136 +50,139 @@ class DecodeState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ChunkOutput:
-    """Per-step outputs of one decode chunk, [S, chunk] each (entries past a row's end unused)."""
+    """What the host reads back after a chunk (one `device_get`).
+
+    tokens, logprobs, entropies [S, chunk]: a slot's first count[s] entries are its new
+    tokens; count [S] int32; done [S] bool (after the chunk); steps: int32 scalar."""
 
     tokens: jax.Array
     logprobs: jax.Array
     entropies: jax.Array
+    count: jax.Array
+    done: jax.Array
+    steps: jax.Array
 
 
 def pin_state(state: DecodeState) -> DecodeState:
-    """Sharding constraints on the decode state (batch over data/fsdp, KV heads over tensor);
-    a no-op outside `activation_sharding`."""
-    cache = KVCache(
-        keys=constrain(state.cache.keys, KV_AXES),
-        values=constrain(state.cache.values, KV_AXES),
-        valid=constrain(state.cache.valid, ("batch", "cache_seq")),
-        end=constrain(state.cache.end, ("batch",)),
-    )
+    """Sharding constraints on the decode state (rows and pool pages over data/fsdp, KV heads
+    over tensor); a no-op outside `activation_sharding`."""
     row = lambda x: constrain(x, ("batch",))  # noqa: E731
-    return DecodeState(cache, row(state.pending), row(state.generated), row(state.limit), row(state.done), constrain(state.rng, ("batch", None)))
+    pool = PagedKVCache(constrain(state.pool.keys, POOL_AXES), constrain(state.pool.values, POOL_AXES))
+    return DecodeState(pool, row(state.cached), row(state.pending), row(state.generated), row(state.limit), row(state.done),
+                       constrain(state.rng, ("batch", None)))
 
 
-def empty_state(config: ModelConfig, slots: int, cache_len: int) -> DecodeState:
-    """All slots empty (done); cache of `cache_len` slots per row in the compute dtype."""
+def empty_state(config: ModelConfig, slots: int, num_pages: int, page_size: int) -> DecodeState:
+    """All slots empty (done); a zero pool of `num_pages` pages in the compute dtype."""
     zeros = jnp.zeros((slots,), jnp.int32)
-    return pin_state(
-        DecodeState(
-            cache=KVCache.create(config, slots, cache_len),
-            pending=zeros,
-            generated=zeros,
-            limit=zeros,
-            done=jnp.ones((slots,), bool),
-            rng=jnp.zeros((slots, 2), jnp.uint32),
-        )
-    )
+    return pin_state(DecodeState(PagedKVCache.create(config, num_pages, page_size), zeros, zeros, zeros, zeros,
+                                 jnp.ones((slots,), bool), jnp.zeros((slots, 2), jnp.uint32)))
 
 
-def insert_prompts(graphdef, params, state: DecodeState, prompt_ids, prompt_mask, source, refill, pending, limit, rng) -> DecodeState:
-    """Prefill U prompts once and start them in the refilled slots.
+def _write_prompt_pages(pool: PagedKVCache, chunk_keys, chunk_values, source, dest) -> PagedKVCache:
+    """`write_pages` per batch shard: source/dest [shards, E] (row d: shard d's entries,
+    local page ids); the chunks are the same on every shard."""
 
-    prompt_ids/prompt_mask [U, P]: each prompt minus its last token, right-padded to the
-    bucket P. source [S] int32: which of the U prefills slot s copies (k slots may share
-    one: the k samples of a prompt). refill [S] bool: slots to (re)start. pending [S]: the
-    last prompt token per refilled slot; limit [S]; rng [S, 2]. Other slots are untouched.
+    def local(pk, pv, ck, cv, src, dst):
+        return write_pages(pk, pv, ck, cv, src[0], dst[0])
+
+    current = current_mesh()
+    if current is None:
+        return PagedKVCache(*local(pool.keys, pool.values, chunk_keys, chunk_values, source, dest))
+    mesh, rules = current
+    P = jax.sharding.PartitionSpec
+    rows, heads = shard_specs(mesh, rules, source.shape[0], pool.num_pages, pool.keys.shape[0], pool.keys.shape[0])
+    spec = P(heads, None, rows, None, None)
+    chunk = P(heads, None, None, None, None)
+    keys, values = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, chunk, chunk, P(rows, None), P(rows, None)),
+                                 out_specs=(spec, spec), check_vma=False)(pool.keys, pool.values, chunk_keys, chunk_values, source, dest)
+    return PagedKVCache(keys, values)
+
+
+def insert_prompts(graphdef, params, state: DecodeState, prompt_ids, prompt_mask, source, dest, refill, cached, pending, limit, rng) -> DecodeState:
+    """Prefill U prompts once, write their pages, and start the refilled slots.
+
+    prompt_ids/prompt_mask [U, T]: each prompt minus its last token, right-padded to T (a
+    multiple of the page size). source/dest [shards, E] int32: which prefill chunk goes to
+    which local page of each batch shard (`paged_cache.write_pages`; the host points the k
+    samples of a prompt at its full pages and gives each its own copy of a partial last
+    page). refill [S] bool: slots to (re)start; cached [S]: their prompt length minus one;
+    pending [S]: their last prompt token; limit [S]; rng [S, 2]. Other slots, and pages not
+    in dest, are untouched.
     """
     model = nnx.merge(graphdef, params)
-    num_prompts, bucket = prompt_ids.shape
-    small = KVCache.create(model.config, num_prompts, bucket, dtype=state.cache.keys.dtype)
+    num_prompts, length = prompt_ids.shape
+    small = KVCache.create(model.config, num_prompts, length, dtype=state.pool.keys.dtype)
     _, small = model.forward_cached(prompt_ids, small, prompt_mask)  # logits unused: XLA drops the head
-    slots = state.cache.batch_size
-    # Rows not refilled scatter to index `slots`, which mode="drop" discards.
-    dest = jnp.where(refill, jnp.arange(slots), slots)[:, None]
-    cols = jnp.arange(bucket)[None, :]
-    # All layers at once: keys/values are [layers, rows, slots, ...].
-    put = lambda big, part: big.at[:, dest, cols].set(part[:, source], mode="drop")  # noqa: E731
-    valid_rows = jnp.pad(small.valid[source], ((0, 0), (0, state.cache.max_len - bucket)))
-    cache = KVCache(
-        keys=put(state.cache.keys, small.keys),
-        values=put(state.cache.values, small.values),
-        valid=jnp.where(refill[:, None], valid_rows, state.cache.valid),
-        end=jnp.where(refill, small.end[source], state.cache.end),
-    )
+    page_size = state.pool.page_size
+    pool = _write_prompt_pages(state.pool, prompt_pages(small.keys, page_size), prompt_pages(small.values, page_size), source, dest)
     pick = lambda new, old: jnp.where(refill.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)  # noqa: E731
-    return pin_state(
-        DecodeState(
-            cache=cache,
-            pending=pick(pending, state.pending),
-            generated=pick(jnp.zeros_like(state.generated), state.generated),
-            limit=pick(limit, state.limit),
-            done=pick(jnp.zeros_like(state.done), state.done),
-            rng=pick(rng, state.rng),
-        )
-    )
+    return pin_state(DecodeState(
+        pool=pool,
+        cached=pick(cached, state.cached),
+        pending=pick(pending, state.pending),
+        generated=pick(jnp.zeros_like(state.generated), state.generated),
+        limit=pick(limit, state.limit),
+        done=pick(jnp.zeros_like(state.done), state.done),
+        rng=pick(rng, state.rng),
+    ))
 
 
-def decode_chunk(graphdef, params, state: DecodeState, stop_ids, temperature, top_k, top_p, exit_when_done, *, greedy: bool, filtered: bool, chunk_steps: int, window: int):
+def decode_chunk(graphdef, params, state: DecodeState, page_table, num_pages, kill, stop_ids, temperature, top_k, top_p, exit_new,
+                 *, mode: str, chunk_steps: int, work_size: int):
     """Up to `chunk_steps` decode steps inside one `lax.while_loop`.
 
-    Stops early when every slot is done or when at least `exit_when_done` slots are done
-    (so the host can refill them). stop_ids [n] int32; temperature, top_k, top_p scalars.
-    The loop runs on the first `window` cache slots only (the host guarantees every live
-    row fits in them for the whole chunk): each step's attention and cache writes cost
-    O(window), not O(cache length). Returns (state, ChunkOutput [S, chunk_steps], steps
-    taken: int32 scalar).
+    page_table [S, max_pages] int32, num_pages [S] int32: the pages each row holds (the host
+    allocated enough for the whole chunk). kill [S] bool: rows the host took back
+    (preempted): done before the first step. Stops early when every slot is done or when
+    `exit_new` slots finished during this chunk (so the host can refill them). stop_ids [n]
+    int32; temperature, top_k, top_p scalars; work_size: ragged work-list entries per batch
+    shard (gather backend; >= the pages live rows hold). Returns (state, ChunkOutput).
     """
     model = nnx.merge(graphdef, params)
     slots = state.done.shape[0]
-    full = state.cache
-    state = dataclasses.replace(state, cache=_window(full, window))
+    backend = select_paged_backend(model.config.attention, _platform())
+    work = build_work(page_table, num_pages, work_size, state.pool.page_size) if backend == "gather" else None
+    start_done = state.done | kill
+    state = dataclasses.replace(state, done=start_done)
     out = ChunkOutput(
         tokens=jnp.zeros((slots, chunk_steps), jnp.int32),
         logprobs=jnp.zeros((slots, chunk_steps), jnp.float32),
         entropies=jnp.zeros((slots, chunk_steps), jnp.float32),
+        count=jnp.zeros((slots,), jnp.int32),
+        done=start_done,
+        steps=jnp.int32(0),
     )
 
     def cond(carry):
-        step, st, _ = carry
+        st, o = carry
         num_done = jnp.sum(st.done)
-        return (step < chunk_steps) & (num_done < slots) & (num_done < exit_when_done)
+        newly_done = jnp.sum(st.done & ~start_done)
+        return (o.steps < chunk_steps) & (num_done < slots) & (newly_done < exit_new)
 
     def body(carry):
-        step, st, o = carry
+        st, o = carry
         active = ~st.done
-        logits, cache = model.forward_cached(st.pending[:, None], st.cache, attention_mask=active[:, None])
+        batch = PagedBatch(page_table, st.cached, active, work)
+        logits, pool = model.forward_paged(st.pending, st.pool, batch)
         keys = jax.vmap(jax.random.fold_in)(st.rng, st.generated)
-        tok, logp, ent = next_tokens(logits[:, 0], keys, temperature, top_k, top_p, greedy=greedy, filtered=filtered)
+        tok, logp, ent = next_tokens(logits, keys, temperature, top_k, top_p, mode=mode)
         tok = jnp.where(active, tok, st.pending)
-        generated = st.generated + active.astype(jnp.int32)
+        step = active.astype(jnp.int32)
+        generated = st.generated + step
         stopped = jnp.any(tok[:, None] == stop_ids[None, :], axis=-1)
         done = st.done | (active & (stopped | (generated >= st.limit)))
         o = ChunkOutput(
-            tokens=o.tokens.at[:, step].set(tok),
-            logprobs=o.logprobs.at[:, step].set(logp),
-            entropies=o.entropies.at[:, step].set(ent),
+            tokens=o.tokens.at[:, o.steps].set(tok),
+            logprobs=o.logprobs.at[:, o.steps].set(logp),
+            entropies=o.entropies.at[:, o.steps].set(ent),
+            count=o.count + step,
+            done=done,
+            steps=o.steps + 1,
         )
-        st = pin_state(DecodeState(cache, tok, generated, st.limit, done, st.rng))
-        return step + 1, st, o
+        st = pin_state(DecodeState(pool, st.cached + step, tok, generated, st.limit, done, st.rng))
+        return st, o
 
-    steps, state, out = jax.lax.while_loop(cond, body, (jnp.int32(0), state, out))
-    return pin_state(dataclasses.replace(state, cache=_unwindow(full, state.cache))), out, steps
+    state, out = jax.lax.while_loop(cond, body, (state, out))
+    return pin_state(state), out
 
-
-def _window(cache: KVCache, window: int) -> KVCache:
-    """The first `window` slots of every row (end pointers unchanged)."""
-    if window == cache.max_len:
-        return cache
-    return KVCache(cache.keys[:, :, :window], cache.values[:, :, :window], cache.valid[:, :window], cache.end)
-
-
-def _unwindow(full: KVCache, part: KVCache) -> KVCache:
-    """`full` with its first slots replaced by the window `part`."""
-    if part.max_len == full.max_len:
-        return part
-    put = lambda big, small: jax.lax.dynamic_update_slice(big, small, (0,) * big.ndim)  # noqa: E731
-    return KVCache(put(full.keys, part.keys), put(full.values, part.values), put(full.valid, part.valid), part.end)

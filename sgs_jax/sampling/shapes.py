@@ -1,4 +1,4 @@
-"""Static shapes: prompt-length buckets, slot counts and cache lengths (host-side, pure).
+"""Static shapes: prompt-length buckets and slot counts (host-side, pure), prompt checks.
 
 Every jitted program is keyed by these numbers, so a run compiles a handful of programs
 instead of one per batch.
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 DEFAULT_PROMPT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
-CACHE_GRANULARITY = 256  # cache lengths are multiples of this
 
 
 def bucket_for(length: int, buckets: Sequence[int]) -> int:
@@ -29,23 +30,18 @@ def power_of_two_at_least(n: int, cap: int) -> int:
     return min(p, cap)
 
 
-def cache_length(prefill_bucket: int, max_new_tokens: int, max_total_len: int) -> int:
-    """KV slots per row: enough for the longest bucketed prompt plus its generation, capped
-    by max_total_len, rounded up to CACHE_GRANULARITY (and never below the prefill bucket)."""
-    needed = min(prefill_bucket + max_new_tokens, max_total_len)
-    rounded = -(-needed // CACHE_GRANULARITY) * CACHE_GRANULARITY
-    return max(rounded, prefill_bucket)
-
-
 def prompt_problem(prompt: Sequence[int], max_total_len: int, vocab_size: int) -> str | None:
     """Why `prompt` (token ids) cannot be generated from, or None when it can."""
-    if len(prompt) == 0:
+    ids = np.asarray(prompt)
+    if ids.size == 0:
         return "empty prompt"
-    if len(prompt) >= max_total_len:
-        return f"prompt has {len(prompt)} tokens, no room under max_total_len={max_total_len}"
-    bad = [t for t in prompt if not (isinstance(t, int) or hasattr(t, "__index__")) or not 0 <= int(t) < vocab_size]
-    if bad:
-        return f"token ids outside [0, {vocab_size}): {bad[:5]}"
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        return "token ids must be a flat sequence of integers"
+    if len(ids) >= max_total_len:
+        return f"prompt has {len(ids)} tokens, no room under max_total_len={max_total_len}"
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        return f"token ids outside [0, {vocab_size}): {bad[:5].tolist()}"
     return None
 
 

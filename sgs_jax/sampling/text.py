@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from sgs_jax.models.tokenizer import TokenizerError, encode_chat, encode_text
-from sgs_jax.sampling.params import Completion, SamplingParams
+from sgs_jax.sampling.params import Completions, SamplingParams
 from sgs_jax.sampling.sampler import Sampler
 
 Messages = Sequence[Mapping[str, str]]
@@ -29,7 +29,7 @@ def encode_prompt(tokenizer, prompt: TextPrompt) -> list[int]:
     return encode_chat(tokenizer, messages)
 
 
-def generate_text(sampler: Sampler, model_or_params, tokenizer, prompts: Sequence[TextPrompt], params: SamplingParams, **kwargs) -> list[list[Completion]]:
+def generate_text(sampler: Sampler, model_or_params, tokenizer, prompts: Sequence[TextPrompt], params: SamplingParams, **kwargs) -> Completions:
     """Encode `prompts` (strings or chat message lists) and generate; completions carry text."""
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     return sampler.generate(model_or_params, ids, params, tokenizer=tokenizer, **kwargs)
@@ -51,8 +51,12 @@ def record_prompt(record: Any) -> TextPrompt:
     raise ValueError('each line needs "prompt" (a string) or "messages" (a list)')
 
 
-def _sample_json(c: Completion) -> dict[str, Any]:
-    return {"token_ids": list(c.token_ids), "text": c.text, "logprobs": list(c.logprobs), "finish_reason": c.finish_reason}
+def _samples_json(out: Completions) -> list[dict[str, Any]]:
+    """One JSON dict per row of `out` (token_ids, text, logprobs, finish_reason)."""
+    return [
+        {"token_ids": out.tokens(i).tolist(), "text": out.text(i), "logprobs": out.row_logprobs(i).tolist(), "finish_reason": reason}
+        for i, reason in enumerate(out.finish_reasons)
+    ]
 
 
 def generate_records(
@@ -94,6 +98,6 @@ def generate_records(
     keep = [j for j in range(len(ids)) if j not in problems]
     sampler.generate(
         model_or_params, [ids[j] for j in keep], params, tokenizer=tokenizer, progress=progress,
-        on_prompt_done=lambda n, samples: finish(good[keep[n]], {"samples": [_sample_json(c) for c in samples]}),
+        on_prompt_done=lambda n, samples: finish(good[keep[n]], {"samples": _samples_json(samples)}),
     )
     return results  # type: ignore[return-value]  # every record was finished above

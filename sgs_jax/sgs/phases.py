@@ -16,10 +16,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from sgs_jax.models.tokenizer import encode_chat
-from sgs_jax.sampling import Completion, Sampler, SamplingParams
+from sgs_jax.sampling import Completions, Sampler, SamplingParams
 from sgs_jax.sgs import extraction, prompts
 from sgs_jax.sgs.progress import sampler_callback
-from sgs_jax.sgs.types import Attempt, ChatMessage, Conjecture, GuideScores, Problem, Rollout, Target
+from sgs_jax.sgs.types import Attempt, ChatMessage, Conjecture, GuideScores, Problem, Rollout, Target, token_array
 from sgs_jax.sgs.rewards import parse_guide_reply
 from sgs_jax.verify import Status, Verifier, VerifyRequest
 
@@ -54,13 +54,21 @@ class Sampled:
     """Prompts that could be sampled, with their token ids and completions.
 
     indices[i]: position in the caller's list of the i-th sampled prompt (prompts that do
-    not fit the length cap are skipped and counted in `skipped`).
+    not fit the length cap are skipped and counted in `skipped`). prompt_ids[i]: its ids
+    (read-only int32 array). completions: columnar, rows prompt-major (prompt i's samples
+    are `completions.rows_of(i)`).
     """
 
     indices: tuple[int, ...]
-    prompt_ids: tuple[tuple[int, ...], ...]
-    completions: tuple[tuple[Completion, ...], ...]
+    prompt_ids: tuple[np.ndarray, ...]
+    completions: Completions
     skipped: int
+
+    def groups(self):
+        """(caller's index, prompt ids, row indices of its samples) per sampled prompt."""
+        per_prompt = len(self.completions) // max(1, len(self.indices))
+        for i, (index, ids) in enumerate(zip(self.indices, self.prompt_ids)):
+            yield index, ids, range(i * per_prompt, (i + 1) * per_prompt)
 
 
 def sample_messages(
@@ -91,21 +99,10 @@ def sample_messages(
     )
     problems = ctx.sampler.validate_prompts(encoded, params)
     indices = tuple(i for i in range(len(encoded)) if i not in problems)
-    ids = tuple(tuple(encoded[i]) for i in indices)
-    completions = ctx.sampler.generate(model, [list(p) for p in ids], params, tokenizer=ctx.tokenizer,
-                                       progress=sampler_callback(ctx.progress)) if ids else []
-    return Sampled(indices, ids, tuple(tuple(c) for c in completions), len(problems))
-
-
-def to_rollout(problem_id: str, completion: Completion) -> Rollout:
-    return Rollout(
-        problem_id=problem_id,
-        token_ids=completion.token_ids,
-        text=completion.text or "",
-        logprobs=completion.logprobs,
-        num_generated_tokens=len(completion.token_ids),
-        finish_reason=completion.finish_reason,
-    )
+    ids = tuple(token_array(encoded[i]) for i in indices)
+    completions = (ctx.sampler.generate(model, ids, params, tokenizer=ctx.tokenizer, progress=sampler_callback(ctx.progress))
+                   if ids else Completions.empty())
+    return Sampled(indices, ids, completions, len(problems))
 
 
 # ---- conjecture ---------------------------------------------------------------------------
@@ -118,7 +115,7 @@ class ConjecturePhase:
 
     kept: tuple[Conjecture, ...]
     rollouts: tuple[Rollout, ...]
-    prompt_ids: dict[str, tuple[int, ...]]
+    prompt_ids: dict[str, np.ndarray]
     generated: int  # Conjecturer samples drawn (malformed ones included)
     malformed: int
     duplicates: int
@@ -139,23 +136,23 @@ def conjecture_phase(
     """One (or `per_target`) conjecture per unsolved target; extract, then drop duplicates."""
     messages = [prompts.conjecturer_messages(t, condition_on_target, ctx.templates) for t in targets]
     sampled = sample_messages(ctx, model, messages, per_target, max_new_tokens, None, seed)
-    candidates, rollouts, malformed, tokens = [], {}, 0, 0
+    out = sampled.completions
+    candidates, rollouts, malformed = [], {}, 0
     prompt_ids = {}
-    for index, ids, samples in zip(sampled.indices, sampled.prompt_ids, sampled.completions):
+    for index, ids, rows in sampled.groups():
         target = targets[index]
         prompt_ids[target.id] = ids
-        for completion in samples:
-            tokens += len(completion.token_ids)
-            result = extraction.extract_conjecture(completion.text or "")
+        for row in rows:
+            result = extraction.extract_conjecture(out.text(row) or "")
             if not result.ok:
                 malformed += 1
                 continue
             conjecture = Conjecture.create(target.id, result.text)
             if conjecture.id not in rollouts:
-                rollouts[conjecture.id] = to_rollout(target.id, completion)
+                rollouts[conjecture.id] = Rollout.from_row(target.id, out, row)
             candidates.append(conjecture)
     kept, dropped = extraction.dedup_conjectures(candidates, all_target_statements)
-    generated = sum(len(s) for s in sampled.completions)
+    generated, tokens = len(out), int(out.lengths.sum())
     return ConjecturePhase(
         kept=kept,
         rollouts=tuple(rollouts[c.id] for c in kept),
@@ -204,7 +201,7 @@ class ProvePhase:
     of each sample (nats). status_counts: verification outcomes by status."""
 
     attempts: tuple[tuple[Attempt, ...], ...]
-    prompt_ids: dict[str, tuple[int, ...]]
+    prompt_ids: dict[str, np.ndarray]
     entropies: tuple[float, ...]
     status_counts: dict[str, int]
     extraction_failures: int
@@ -228,7 +225,7 @@ def prove_phase(
 ) -> ProvePhase:
     """k proofs per problem, verified as each chunk of problems finishes sampling."""
     pending: list[tuple[int, Rollout, str | None, Any]] = []  # (problem index, rollout, proof, future)
-    prompt_ids: dict[str, tuple[int, ...]] = {}
+    prompt_ids: dict[str, np.ndarray] = {}
     entropies: list[float] = []
     skipped = failures = tokens = 0
     for start in range(0, len(problems), chunk_problems):
@@ -237,15 +234,15 @@ def prove_phase(
         # The cap is on prompt + generation; `max_new_tokens` never binds before it.
         sampled = sample_messages(ctx, model, messages, k, max_total_len, max_total_len, seed + start)
         skipped += sampled.skipped
-        for local, ids, samples in zip(sampled.indices, sampled.prompt_ids, sampled.completions):
+        out = sampled.completions
+        tokens += int(out.lengths.sum())
+        entropies += out.mean_entropies()[out.lengths > 0].tolist()
+        for local, ids, rows in sampled.groups():
             problem = chunk[local]
             prompt_ids[problem.id] = ids
-            for completion in samples:
-                tokens += len(completion.token_ids)
-                if completion.entropies:
-                    entropies.append(float(np.mean(completion.entropies)))
-                rollout = to_rollout(problem.id, completion)
-                result = extraction.extract_proof(completion.text or "")
+            for row in rows:
+                rollout = Rollout.from_row(problem.id, out, row)
+                result = extraction.extract_proof(rollout.text)
                 future = None
                 if result.ok:
                     future = ctx.verifier.submit(VerifyRequest(problem.header, problem.statement, result.text))
@@ -303,9 +300,7 @@ def guide_phase(
     sampled = sample_messages(ctx, model, messages, 1, max_new_tokens, None, seed)
     scores: list[GuideScores | None] = [None] * len(pairs)
     replies: list[str | None] = [None] * len(pairs)
-    tokens = 0
-    for index, samples in zip(sampled.indices, sampled.completions):
-        tokens += len(samples[0].token_ids)
-        replies[index] = samples[0].text or ""
+    for index, _, rows in sampled.groups():
+        replies[index] = sampled.completions.text(rows[0]) or ""
         scores[index] = parse_guide_reply(replies[index])
-    return GuidePhase(tuple(scores), sum(s is None for s in scores), tokens, tuple(replies))
+    return GuidePhase(tuple(scores), sum(s is None for s in scores), int(sampled.completions.lengths.sum()), tuple(replies))

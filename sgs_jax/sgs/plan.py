@@ -11,8 +11,12 @@ Programs (each one execution):
   train    one micro-batch's forward + backward into the gradient accumulator
            [micro_batch_size x seq_len tokens]
   apply    the optimiser update (clip, Adam, parameter update)
-  prefill  prefill of `prefill_batch` prompts of one bucket, inserted into the slots
-  decode   one decode chunk: `chunk_steps` steps of every slot over a window of the cache
+  prefill  prefill of `prefill_batch` prompts of one bucket, written into KV pages
+  decode   one decode chunk: `chunk_steps` steps of every slot, each row attending over the
+           pages it holds (rows of `decode_tokens` cached tokens on average)
+The sampling programs take the weights in the form a run samples with
+(`sampling.weights_dtype`, `sampling.weights_layout`) and the config's KV pool
+(`sampling.kv_pool_tokens`, `sampling.page_size`).
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ import numpy as np
 
 from sgs_jax.models.build import abstract_model
 from sgs_jax.models.config import ModelConfig, preset
-from sgs_jax.parallel.aot import ProgramReport, Topology, compile_timed, report
+from sgs_jax.parallel.aot import GIB, ProgramReport, Topology, compile_timed, report
+from sgs_jax.parallel.memory import kv_bytes
 from sgs_jax.parallel.mesh import mesh_and_order
-from sgs_jax.parallel.rules import replicated_parameters
+from sgs_jax.parallel.rules import layout_rules, replicated_parameters
 from sgs_jax.rl.train_step import TrainConfig, programs_for
 from sgs_jax.sampling import Sampler
-from sgs_jax.sampling.shapes import DEFAULT_PROMPT_BUCKETS, bucket_for, cache_length
+from sgs_jax.sampling.scheduler import pages_for, work_bucket
+from sgs_jax.sampling.shapes import DEFAULT_PROMPT_BUCKETS, bucket_for
 from sgs_jax.sgs.roles import train_config, training_lengths
 
 PROGRAMS = ("train", "apply", "prefill", "decode")
@@ -120,6 +126,7 @@ def plan_programs(
     micro_batch: int | None = None,
     seq_len: int | None = None,
     prompt_len: int = 1024,
+    decode_tokens: int | None = None,
     preset_name: str = DEFAULT_PRESET,
     hlo_dir: str | None = None,
 ) -> Plan:
@@ -127,9 +134,11 @@ def plan_programs(
 
     micro_batch / seq_len: the training micro-batch (default: the config's micro-batch and
     the Solver's longest bucket). prompt_len: prefill prompt length (at most the Solver's
-    max_total_len - 1, rounded up to its bucket). The sampler runs max_batch slots over a
-    cache of the Solver's max_total_len; decode attends over the whole cache (the longest
-    window). hlo_dir: write each program's optimised HLO there as NAME.hlo.txt.
+    max_total_len - 1, rounded up to its bucket). The sampler runs max_batch slots over the
+    config's KV pool, page tables as wide as the Solver's max_total_len; decode_tokens:
+    cached tokens per row on average in the decode chunk (default: the pool shared evenly
+    by the slots, at most max_total_len), which sets the ragged work list (gather backend)
+    and the live KV the report compares HBM traffic with. hlo_dir: write each program's optimised HLO there as NAME.hlo.txt.
     """
     unknown = set(programs) - set(PROGRAMS)
     if unknown:
@@ -167,19 +176,48 @@ def plan_programs(
             compiled, timing = compile_program("apply", lambda: progs.apply.lower(params, opt, acc))
             reports.append(report("apply", compiled, topo, mesh_shape, "one optimiser update", **timing))
     if "prefill" in programs or "decode" in programs:
-        sampler = Sampler(model_config, mesh=mesh, max_batch=cfg.sampling.max_batch)
+        sampler = Sampler.from_config(cfg, model_config, mesh)
+        weights = sampler.abstract_weights(cfg.sampling.weights_dtype, layout_rules(cfg.sampling.weights_layout))
         max_total = cfg.sampling.solver_max_total_len
-        bucket = bucket_for(min(prompt_len, max_total - 1), DEFAULT_PROMPT_BUCKETS)
-        cache_len = cache_length(bucket, max_total, max_total)
         slots = sampler.max_batch
+        max_pages, pages_per_shard = sampler.pool_shape(slots, max_total - 1)
+        num_pages = pages_per_shard * sampler.shards
+        pool = f"pool {num_pages:,} pages x {sampler.page_size} tokens"
         if "prefill" in programs:
+            bucket = bucket_for(min(prompt_len, max_total - 1), DEFAULT_PROMPT_BUCKETS)
             batch = min(sampler.prefill_batch, slots)
-            compiled, timing = compile_program("prefill", lambda: sampler.lower_prefill(slots, cache_len, bucket, batch))
-            reports.append(report("prefill", compiled, topo, mesh_shape, f"{batch} prompts x {bucket} tokens into {slots} slots x {cache_len}",
+            compiled, timing = compile_program("prefill", lambda: sampler.lower_prefill(weights, slots, num_pages, bucket, batch))
+            reports.append(report("prefill", compiled, topo, mesh_shape, f"{batch} prompts x {bucket} tokens into {slots} slots, {pool}",
                                   **timing, tokens=batch * bucket))
         if "decode" in programs:
             steps = sampler.chunk_steps
-            compiled, timing = compile_program("decode", lambda: sampler.lower_decode(slots, cache_len, cache_len))
-            reports.append(report("decode", compiled, topo, mesh_shape, f"{steps} steps x {slots} slots, window {cache_len}", **timing,
-                                  tokens=steps * slots))
+            live = decode_tokens or min(num_pages * sampler.page_size // slots, max_total)
+            row_pages = int(pages_for(live, sampler.page_size))
+            if row_pages > max_pages or slots * row_pages > num_pages:
+                raise ValueError(f"decode_tokens={live:,} per row: {slots} rows need {slots * row_pages:,} pages of {sampler.page_size} "
+                                 f"tokens, the KV pool holds {num_pages:,} (sampling.kv_pool_tokens) and a row at most {max_pages} "
+                                 f"(sampling.solver_max_total_len)")
+            work = min(pages_per_shard, work_bucket(slots // sampler.shards * row_pages))
+            compiled, timing = compile_program(
+                "decode", lambda: sampler.lower_decode(weights, slots, num_pages, max_pages, work_size=work))
+            weight_bytes = resident_bytes(weights)
+            mesh_dims = (mesh_shape["data"], mesh_shape["fsdp"], mesh_shape["tensor"])
+            kv_live = kv_bytes(model_config, mesh_dims, slots * row_pages * sampler.page_size)
+            backend = sampler.attention_backend
+            r = report("decode", compiled, topo, mesh_shape, f"{steps} steps x {slots} slots, rows of {live:,} cached tokens on average, {pool}",
+                       **timing, tokens=steps * slots, useful_flops=2.0 * n_matmul * steps * slots / devices)
+            notes = [f"decode attention: {backend}" + (f" (ragged work list of {work:,} pages per batch shard)" if backend == "gather" else "")]
+            if r.unestimated_kernel_bytes:
+                # The paged kernel's operand is the whole pool, but it reads only the pages rows
+                # hold: count the live KV for it (the workload this plan states) instead.
+                kernel = r.unestimated_kernel_bytes
+                r = dataclasses.replace(r, hbm_bytes=r.hbm_bytes - kernel + kv_live * steps,
+                                        memory_s=(r.hbm_bytes - kernel + kv_live * steps) / topo.chip.device_hbm_bandwidth)
+                notes.append(f"HBM counts the paged kernel reading the live KV ({kv_live / GIB:.2f} GiB per step); its operands (the "
+                             f"whole pool, every layer) would count {kernel / steps / GIB:.2f} GiB per step")
+            traffic = r.hbm_bytes / steps
+            notes.append(f"per device: sampling weights {weight_bytes / GIB:.2f} GiB ({cfg.sampling.weights_dtype}, "
+                         f"{cfg.sampling.weights_layout} layout) + live KV {kv_live / GIB:.2f} GiB = {(weight_bytes + kv_live) / GIB:.2f} "
+                         f"GiB; HBM traffic per step {traffic / GIB:.2f} GiB ({traffic / (weight_bytes + kv_live):.2f}x)")
+            reports.append(dataclasses.replace(r, notes=r.notes + tuple(notes)))
     return Plan(source, model_config, mesh_shape, order, tc, tuple(reports), tuple(replicated_parameters(abstract, mesh)), held)

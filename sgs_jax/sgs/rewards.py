@@ -278,7 +278,7 @@ def expert_iteration_samples(
         for a in attempts:
             if a.verified and a.proof in wanted and not contains_try(a.proof, token_aware_try):
                 wanted.discard(a.proof)
-                samples.append(StoredProofSample(a.rollout, 1.0, g, a.proof, tuple(prompt_ids[problem_id])))
+                samples.append(StoredProofSample(a.rollout, 1.0, g, a.proof, prompt_ids[problem_id]))
     return samples
 
 

@@ -29,7 +29,7 @@ from sgs_jax.parallel.placement import DEVICE, HOST, cast_and_shard, supports_ho
 from sgs_jax.parallel.rules import layout_rules
 from sgs_jax.rl.optimizer import OptimizerConfig
 from sgs_jax.rl.train_step import TrainConfig, Trainer
-from sgs_jax.sampling.shapes import cache_length
+from sgs_jax.sampling.scheduler import pool_pages_per_shard
 
 SOLVER, CONJECTURER, GUIDE = "solver", "conjecturer", "guide"
 
@@ -220,8 +220,8 @@ def training_lengths(cfg) -> tuple[int, int]:
 def memory_plan(cfg, model_config, mesh_shape: tuple[int, int, int]) -> RolesPlan:
     """The per-device memory plan of the configured experiment's roles (`parallel.memory.
     plan_roles`) for `model_config` (the architecture in the run's numerics) on a (data,
-    fsdp, tensor) mesh. The KV pool is `sampling.kv_pool_tokens` when the config has it,
-    else the current sampler's reservation: max_batch slots x the Solver's cache length."""
+    fsdp, tensor) mesh. The KV pool is the Sampler's: `sampling.kv_pool_tokens` in whole
+    pages of `sampling.page_size` per batch shard (data x fsdp)."""
     s, kind = cfg.sgs, conjecturer_weights(cfg)
     solver_seq, conj_len = training_lengths(cfg)
     trained = [RoleTraining("Solver", cfg.solver_train.micro_batch_size, solver_seq)]
@@ -234,8 +234,8 @@ def memory_plan(cfg, model_config, mesh_shape: tuple[int, int, int]) -> RolesPla
     sampling.append(("Solver", "Solver"))
     if s.use_guide:
         sampling.append(("Guide", "Guide"))
-    max_total = cfg.sampling.solver_max_total_len
-    kv_tokens = cfg.sampling.get("kv_pool_tokens") or cfg.sampling.max_batch * cache_length(1, max_total, max_total)
+    page, shards = cfg.sampling.page_size, mesh_shape[0] * mesh_shape[1]
+    kv_tokens = pool_pages_per_shard(cfg.sampling.kv_pool_tokens, page, shards) * page * shards
     return plan_roles(model_config, mesh_shape, trained, sampling, frozen, cfg.sampling.weights_dtype,
                       cfg.sampling.weights_layout, cfg.sampling.keep_inference_weights, cfg.roles.offload_idle, kv_tokens)
 

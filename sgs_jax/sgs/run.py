@@ -126,7 +126,7 @@ class SGSRun:
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
         log_replicated_parameters(nnx.state(base), self.mesh, log)
         self.roles: Roles = build_roles(cfg, base, guide, self.mesh)
-        self.sampler = Sampler(base.config, mesh=self.mesh, max_batch=cfg.sampling.max_batch)
+        self.sampler = Sampler.from_config(cfg, base.config, self.mesh)
         self.ctx = PhaseContext.from_config(cfg, self.sampler, self.tokenizer, self.verifier, templates)
         self.ctx.progress = self.progress
         resumed = self._resume()

@@ -1,16 +1,19 @@
 """Small immutable types that cross module borders in the SGS loop.
 
-Targets and conjectures become `Problem`s for the Solver; the sampler returns `Rollout`s;
-extraction and verification turn them into `Attempt`s; rewards turn attempts into
-`TrainingSample`s for the training step. Token sequences are tuples so that every type
-stays hashable and comparable.
+Targets and conjectures become `Problem`s for the Solver; each row of the sampler's
+columnar `Completions` becomes a `Rollout` (read-only NumPy views of that row, no
+per-token Python objects); extraction and verification turn them into `Attempt`s; rewards
+turn attempts into `TrainingSample`s for the training step. Types holding token arrays
+compare by identity.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
+
+import numpy as np
 
 TARGET = "target"
 CONJECTURE = "conjecture"
@@ -87,29 +90,51 @@ class ChatMessage:
         return {"role": self.role, "content": self.content}
 
 
-@dataclasses.dataclass(frozen=True)
-class Rollout:
-    """One sampled completion.
+def token_array(values, dtype=np.int32) -> np.ndarray:
+    """`values` as a read-only 1-D NumPy array of `dtype` (no copy when it already is one)."""
+    array = np.asarray(values, dtype)
+    if array.ndim != 1:
+        raise ValueError(f"expected a 1-D sequence, got shape {array.shape}")
+    if array.flags.writeable:
+        array = array.copy() if array is values else array  # never freeze the caller's own array
+        array.flags.writeable = False
+    return array
 
-    token_ids: the generated tokens only (prompt excluded), length L.
-    logprobs: the sampler's log-probability (nats) of each generated token, length L.
-    num_generated_tokens: L, the length the length penalty is applied to.
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rollout:
+    """One sampled completion (usually a view of one row of the sampler's `Completions`).
+
+    token_ids [L] int32: the generated tokens only (prompt excluded).
+    logprobs [L] float32: the sampler's log-probability (nats) of each generated token.
     finish_reason: "stop" (EOS) or "length" (hit the token limit).
+    Sequences given as lists or tuples are turned into read-only arrays.
     """
 
     problem_id: str
-    token_ids: tuple[int, ...]
+    token_ids: np.ndarray
     text: str
-    logprobs: tuple[float, ...]
-    num_generated_tokens: int
+    logprobs: np.ndarray
     finish_reason: str
 
     def __post_init__(self):
-        if not (len(self.token_ids) == len(self.logprobs) == self.num_generated_tokens):
+        object.__setattr__(self, "token_ids", token_array(self.token_ids))
+        object.__setattr__(self, "logprobs", token_array(self.logprobs, np.float32))
+        if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
-                f"rollout for {self.problem_id!r}: token_ids ({len(self.token_ids)}), logprobs "
-                f"({len(self.logprobs)}) and num_generated_tokens ({self.num_generated_tokens}) disagree"
+                f"rollout for {self.problem_id!r}: token_ids ({len(self.token_ids)}) and logprobs ({len(self.logprobs)}) disagree"
             )
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """L, the length the length penalty is applied to."""
+        return len(self.token_ids)
+
+    @classmethod
+    def from_row(cls, problem_id: str, completions, row: int) -> "Rollout":
+        """Row `row` of a `sampling.Completions` (views, no copy)."""
+        return cls(problem_id, completions.tokens(row), completions.text(row) or "", completions.row_logprobs(row),
+                   completions.finish_reasons[row])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +167,7 @@ class TrainingSample:
     group: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class StoredProofSample(TrainingSample):
     """An Expert Iteration sample: one stored, verified proof, kept for several iterations.
 
@@ -153,28 +178,26 @@ class StoredProofSample(TrainingSample):
     """
 
     proof: str = ""
-    prompt_ids: tuple[int, ...] = ()
+    prompt_ids: np.ndarray | Sequence[int] = ()
 
     def __post_init__(self):
-        if not self.prompt_ids:
+        object.__setattr__(self, "prompt_ids", token_array(self.prompt_ids))
+        if not len(self.prompt_ids):
             raise ValueError(f"stored proof of {self.rollout.problem_id!r} needs its prompt token ids")
 
     def to_json(self) -> dict:
         """A JSON-able dict (checkpoint metadata); `from_json` inverts it exactly."""
         r = self.rollout
         return {
-            "problem_id": r.problem_id, "token_ids": list(r.token_ids), "text": r.text, "logprobs": list(r.logprobs),
+            "problem_id": r.problem_id, "token_ids": r.token_ids.tolist(), "text": r.text, "logprobs": r.logprobs.tolist(),
             "finish_reason": r.finish_reason, "weight": self.weight, "group": self.group, "proof": self.proof,
-            "prompt_ids": list(self.prompt_ids),
+            "prompt_ids": self.prompt_ids.tolist(),
         }
 
     @classmethod
     def from_json(cls, data: dict) -> "StoredProofSample":
-        tokens = tuple(int(t) for t in data["token_ids"])
-        rollout = Rollout(str(data["problem_id"]), tokens, str(data["text"]), tuple(float(x) for x in data["logprobs"]),
-                          len(tokens), str(data["finish_reason"]))
-        return cls(rollout, float(data["weight"]), int(data["group"]), str(data["proof"]),
-                   tuple(int(t) for t in data["prompt_ids"]))
+        rollout = Rollout(str(data["problem_id"]), data["token_ids"], str(data["text"]), data["logprobs"], str(data["finish_reason"]))
+        return cls(rollout, float(data["weight"]), int(data["group"]), str(data["proof"]), data["prompt_ids"])
 
 
 class GuideScores(NamedTuple):

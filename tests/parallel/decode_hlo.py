@@ -26,16 +26,11 @@ def weights_in_layout(abstract, mesh, rules, dtype):
 
 
 def compiled_decode(sampler, weights, slots: int, cache_len: int):
-    """The decode chunk `Sampler.generate` runs (chunk_steps steps, window = cache_len),
-    compiled for `weights` (shape structs with shardings) without running anything."""
-    state = jax.eval_shape(lambda: sampler._empty(slots, cache_len))
-    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype)  # noqa: E731
-    lowered = sampler._decode.lower(
-        weights, state, jax.ShapeDtypeStruct((4,), jnp.int32), scalar(jnp.float32), scalar(jnp.int32),
-        scalar(jnp.float32), scalar(jnp.int32),
-        greedy=False, filtered=False, chunk_steps=sampler.chunk_steps, window=cache_len,
-    )
-    return lowered.compile()
+    """The decode chunk `Sampler.generate` runs (chunk_steps steps, every slot holding
+    `cache_len` tokens of KV pages: a pool of slots x cache_len), compiled for `weights`
+    (shape structs with shardings) without running anything."""
+    pages = -(-cache_len // sampler.page_size)
+    return sampler.lower_decode(weights, slots, slots * pages, pages, work_size=slots * pages // sampler.shards).compile()
 
 
 def parameter_shapes(abstract, mesh=None) -> set[tuple[int, ...]]:

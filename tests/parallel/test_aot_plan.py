@@ -19,7 +19,9 @@ from sgs_jax.cli import plan as plan_cli
 from sgs_jax.config import load_config
 from sgs_jax.models.build import abstract_model
 from sgs_jax.parallel.aot import CHIPS, parse_topology, topology
+from sgs_jax.parallel.memory import kv_bytes, parameter_bytes
 from sgs_jax.parallel.mesh import make_mesh
+from sgs_jax.parallel.rules import layout_rules
 from sgs_jax.rl.train_step import programs_for
 from sgs_jax.sampling import Sampler
 from sgs_jax.sgs.plan import non_embedding_params, plan_model_config, solver_train_config
@@ -53,9 +55,12 @@ def test_no_batch_replication():
     graphdef, abstract = abstract_model(model)
     progs = programs_for(graphdef, abstract, solver_train_config(cfg), mesh)
     assert progs.batch_shardings.input_ids.shard_shape((8, 1024)) == (1, 1024)
-    state = Sampler(model, mesh=mesh, max_batch=cfg.sampling.max_batch).abstract_state(cfg.sampling.max_batch, 256)
-    assert state.pending.sharding.shard_shape((128,)) == (16,)
-    assert state.cache.valid.sharding.shard_shape((128, 256)) == (16, 256)
+    slots = cfg.sampling.max_batch
+    sampler = Sampler.from_config(cfg, model, mesh)
+    state = sampler.abstract_state(slots, 8 * 64)
+    assert state.pending.sharding.shard_shape((slots,)) == (slots // 8,)
+    # The pool [KV heads, layers, pages, page, head dim]: each chip holds its batch shard's pages.
+    assert state.pool.keys.sharding.shard_shape(state.pool.keys.shape)[2] == 64
 
 
 def test_per_chip_work_is_an_eighth_and_gradients_are_reduce_scattered(reports):
@@ -93,3 +98,25 @@ def test_cpu_plan_of_the_testbed_and_bad_sizes(capsys):
     assert reports[0]["per"] == f"micro-batch 32 x {longest} tokens" and reports[0]["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
     assert plan_cli.main(args[:4] + ["--programs", "train", "--micro-batch", "12"]) == 2
     assert "micro_batch_size=12 rows" in capsys.readouterr().err
+    # A decode workload the KV pool cannot hold (128 rows x 1,024 tokens > 65,536) is refused.
+    assert plan_cli.main(args[:4] + ["--programs", "decode", "--decode-tokens", "1024"]) == 2
+    assert "the KV pool holds 4,096" in capsys.readouterr().err
+
+
+def test_decode_gathers_no_weights_and_reads_weights_plus_live_kv(reports):
+    """The paper preset's decode chunk (256 slots, rows of 2,048 cached tokens on average in
+    a 512K-token pool, bf16 weights in the inference layout): no all-gather at all, and HBM
+    traffic per step (the paged kernel counted as reading the live pages: its operand is
+    the whole pool, which the HLO walk would count in full) between weights + live KV less
+    the embedding table (a gather of 256 rows) and 1.3x weights + live KV."""
+    decode = reports["decode"]
+    assert decode["collective_bytes"]["all-gather"] == 0
+    assert decode["custom_calls"].get("tpu_custom_call") and decode["unestimated_kernel_bytes"] > 0
+    cfg = load_config("configs/sgs.py:paper", [])
+    model, _ = plan_model_config(cfg, num_layers=2)
+    mesh = tuple(decode["mesh"][a] for a in ("data", "fsdp", "tensor"))  # (1, 8, 1)
+    weights, _ = parameter_bytes(model, mesh, cfg.sampling.weights_dtype, layout_rules(cfg.sampling.weights_layout))
+    live = kv_bytes(model, mesh, cfg.sampling.max_batch * 2048)
+    embedding = model.vocab_size * model.hidden_size * 2  # bf16, replicated
+    per_step = decode["hbm_bytes"] / 16
+    assert weights - embedding + live <= per_step <= 1.3 * (weights + live), per_step / (weights + live)

@@ -179,12 +179,12 @@ def test_bf16_export_logprobs_match_a_bf16_full_forward(compute):
     graphdef, _ = nnx.split(trainer.model)
     bf16_model, fp32_model = (nnx.merge(graphdef, jax.device_get(w)) for w in (export, trainer.params))
     to_bf16, to_fp32 = [], []
-    for prompt, row in zip(prompts, out):
-        for sample in row:
-            ids, steps = prompt + list(sample.token_ids), np.arange(len(sample.token_ids))
-            for model, diffs in ((bf16_model, to_bf16), (fp32_model, to_fp32)):
-                reference = log_softmax(full_logits(model, ids)[len(prompt) - 1 : len(ids) - 1])[steps, sample.token_ids]
-                diffs.extend(np.abs(np.asarray(sample.logprobs) - reference))
+    for row in range(len(out)):
+        prompt, tokens = prompts[out.prompt_index[row]], out.tokens(row)
+        ids, steps = prompt + tokens.tolist(), np.arange(len(tokens))
+        for model, diffs in ((bf16_model, to_bf16), (fp32_model, to_fp32)):
+            reference = log_softmax(full_logits(model, ids)[len(prompt) - 1 : len(ids) - 1])[steps, tokens]
+            diffs.extend(np.abs(out.row_logprobs(row) - reference))
     if compute == "float32":
         assert max(to_bf16) < 1e-4 and max(to_fp32) > 1e-3
     else:

@@ -60,10 +60,12 @@ def test_roles_plan_counts_every_role_in_its_form():
         assert abs(plan.item_bytes(f"{role} gradient accumulator") - sharded_fp32) < 1
         assert plan.item_bytes(f"{role} inference weights") == n * 2  # bf16, replicated over fsdp
     assert plan.item_bytes("Guide weights") == n * 2  # frozen: only the inference form
-    # The current sampler reserves max_batch slots x the Solver's cache (128 x 8192 tokens).
-    tokens = cfg.sampling.max_batch * 8192
+    # The Sampler's paged pool: sampling.kv_pool_tokens (512K tokens: 256 rows of 2K on
+    # average) in whole pages per batch shard, KV heads whole on fsdp=8.
+    tokens = cfg.sampling.kv_pool_tokens
+    assert tokens == 524_288 and tokens % (8 * cfg.sampling.page_size) == 0
     kv = tokens * 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2 / 8
-    assert plan.item_bytes("KV pool") == kv and kv / GIB == 60.0
+    assert plan.item_bytes("KV pool") == kv and kv / GIB == 30.0
     phases = dict(plan.phases)
     assert [p for p, _ in plan.phases] == ["sample: Conjecturer", "sample: Solver", "sample: Guide", "train: Solver", "train: Conjecturer"]
     resident = ["Solver master weights", "Solver Adam moments", "Conjecturer master weights", "Conjecturer Adam moments", "Guide weights"]
@@ -97,7 +99,13 @@ def test_master_form_has_no_copies():
     assert plan.item_bytes("Guide weights") == plan.item_bytes("Solver master weights")
 
 
-@pytest.mark.parametrize("extra, verdict", [([], "DOES NOT FIT"), (["--config.roles.offload_idle=true"], "fits")])
+# The paged pool of 512K tokens fits beside all three roles; a pool of 1M tokens (60 GiB per
+# chip, what 128 slots x 8K reserved before paging) fits only with idle roles offloaded.
+@pytest.mark.parametrize("extra, verdict", [
+    ([], "fits"),
+    (["--config.sampling.kv_pool_tokens=1048576"], "DOES NOT FIT"),
+    (["--config.sampling.kv_pool_tokens=1048576", "--config.roles.offload_idle=true"], "fits"),
+])
 def test_cli_roles_says_whether_the_busiest_phase_fits(extra, verdict):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

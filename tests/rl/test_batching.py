@@ -122,6 +122,10 @@ def test_bad_examples_are_rejected_clearly():
 
 
 def test_from_training_sample_keeps_tokens_weight_logprobs_group():
-    rollout = Rollout("p", (7, 8, 2), "text", (-0.1, -0.2, -0.3), 3, "stop")
+    rollout = Rollout("p", (7, 8, 2), "text", (-0.1, -0.2, -0.3), "stop")
     ex = SequenceExample.from_training_sample([1, 5], TrainingSample(rollout, -0.5, 4))
-    assert ex == SequenceExample((1, 5), (7, 8, 2), -0.5, (-0.1, -0.2, -0.3), 4)
+    assert ex.prompt_ids.tolist() == [1, 5] and ex.completion_ids.tolist() == [7, 8, 2]
+    assert (ex.weight, ex.group) == (-0.5, 4)
+    np.testing.assert_allclose(ex.old_logprobs, [-0.1, -0.2, -0.3], rtol=1e-6)
+    # The example holds the rollout's own (read-only) arrays: no per-token copy.
+    assert np.shares_memory(ex.completion_ids, rollout.token_ids) and not ex.completion_ids.flags.writeable

@@ -39,7 +39,17 @@ def model():
 
 @pytest.fixture(scope="session")
 def sampler(model):
-    return Sampler(model.config, max_batch=8, prompt_buckets=BUCKETS, chunk_steps=4)
+    # Pages of 4 tokens in a 256-token pool: 8 rows of up to 64 tokens would need 512, so
+    # long calls page their rows through a pool that cannot hold every worst case.
+    return Sampler(model.config, max_batch=8, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256)
+
+
+def token_lists(out):
+    """[prompt][sample] -> generated ids (list) of a `Completions`."""
+    per_prompt = {}
+    for row in range(len(out)):
+        per_prompt.setdefault(int(out.prompt_index[row]), []).append(out.tokens(row).tolist())
+    return [per_prompt[p] for p in sorted(per_prompt)]
 
 
 @pytest.fixture(scope="session")

@@ -1,79 +1,115 @@
-"""Continuous batching, stop handling, length caps, reproducibility and compiled-program reuse."""
+"""Continuous batching over the paged pool: results independent of slots, chunking, page
+size and pool size (preemption included), stop handling, length caps, the columnar output,
+compiled-program reuse, and clear errors."""
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from scipy import stats
 
 from sgs_jax.models import tiny
-from sgs_jax.sampling import Sampler, SamplingParams
-from tests.sampling.conftest import BUCKETS, random_model
-from tests.sampling.reference import full_logits, warped_probs
+from sgs_jax.sampling import Completions, PromptError, Sampler, SamplingParams
+from tests.sampling.conftest import BUCKETS, random_model, token_lists
+from tests.sampling.reference import entropy, full_logits, warped_probs
 
 PLAIN = SamplingParams(temperature=1.0, max_new_tokens=10, num_samples=3, max_total_len=64, seed=4)
 
 
-def _tokens(out):
-    return [[c.token_ids for c in row] for row in out]
-
-
-def test_results_do_not_depend_on_slots_or_chunking(model, sampler, prompts):
+def test_results_do_not_depend_on_slots_chunks_pages_or_pool(model, sampler, prompts):
     prompts = [p for p in prompts if len(p) <= 8]  # one prefill bucket: fewer programs to compile
-    # 2 slots, 3-step chunks, and a 32-slot attention window instead of the 256-slot cache.
-    other = Sampler(model.config, max_batch=2, prompt_buckets=BUCKETS, chunk_steps=3, min_window=32)
     a = sampler.generate(model, prompts, PLAIN)
-    done = []  # (prompt, completions, rows finished so far) per on_prompt_done call
+    # 2 slots, 3-step chunks, pages of 8 tokens in a pool of 3 pages: two rows of up to 13
+    # cached tokens (2 pages each) cannot both grow, so the younger is preempted and
+    # recomputed from scratch later.
+    other = Sampler(model.config, max_batch=2, prompt_buckets=BUCKETS, chunk_steps=3, page_size=8, kv_pool_tokens=24)
+    done = []  # (prompt, its rows) per on_prompt_done call
     b = other.generate(model, prompts, PLAIN, on_prompt_done=lambda i, c: done.append((i, c)))
-    assert _tokens(a) == _tokens(b)
-    # Each prompt reported once, as soon as its 3 samples finished, with the returned completions.
+    assert other.last_stats.preemptions > 0 and other.last_stats.peak_pages <= 3
+    assert token_lists(a) == token_lists(b)
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+    np.testing.assert_allclose(b.entropies, a.entropies, atol=1e-5)
+    # Each prompt reported once, as soon as its 3 samples finished, with the returned rows.
     assert sorted(i for i, _ in done) == list(range(len(prompts)))
-    assert all(c == b[i] for i, c in done)
-    for ra, rb in zip(a, b):
-        for ca, cb in zip(ra, rb):
-            np.testing.assert_allclose(ca.logprobs, cb.logprobs, atol=1e-5)
+    for i, rows in done:
+        assert rows.prompt_index.tolist() == [i] * 3 and rows.sample_index.tolist() == [0, 1, 2]
+        np.testing.assert_array_equal(rows.token_ids, b.select(b.rows_of(i)).token_ids)
     assert other.last_stats.num_slots == 2 and other.last_stats.refills >= 4
-    assert other.last_stats.max_window == 32 < other.last_stats.cache_len == sampler.last_stats.max_window
     # A different seed changes the samples; samples of one prompt differ from each other.
-    c = sampler.generate(model, prompts, SamplingParams(**{**PLAIN.__dict__, "seed": 5}))
-    assert _tokens(c) != _tokens(a)
-    assert len(set(_tokens(a)[0])) == 3
+    d = sampler.generate(model, prompts, dataclasses.replace(PLAIN, seed=5))
+    assert token_lists(d) != token_lists(a)
+    assert len({tuple(x) for x in token_lists(a)[0]}) == 3
+
+
+def test_samples_share_prompt_pages(model, prompts):
+    """k samples of a 20-token prompt: its 19 cached tokens are 4 full pages of 4, shared,
+    and a partial last page copied per sample: 4 + 8 pages before any growth, not 8 x 5."""
+    s = Sampler(model.config, max_batch=8, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256)
+    params = SamplingParams(temperature=1.0, max_new_tokens=1, num_samples=8, max_total_len=64, seed=1, stop_token_ids=())
+    out = s.generate(model, [prompts[2]], params)
+    assert s.last_stats.peak_pages == 4 + 8  # one new token fits in the copied partial page
+    assert s.last_stats.prefill_real_tokens == 19  # one prefill for the 8 samples
+    np.testing.assert_allclose(out.entropies[:, 0], entropy(full_logits(model, prompts[2])[-1:]).repeat(8), atol=1e-4)
+
+
+def test_completions_are_columnar_and_frozen(model, sampler, prompts):
+    out = sampler.generate(model, prompts, PLAIN)
+    n = len(prompts) * 3
+    assert len(out) == n and out.token_ids.shape == out.logprobs.shape == out.entropies.shape == (n, int(out.lengths.max()))
+    assert (out.token_ids.dtype, out.logprobs.dtype, out.stopped.dtype) == (np.int32, np.float32, bool)
+    assert out.prompt_index.tolist() == [p for p in range(len(prompts)) for _ in range(3)]  # prompt-major
+    assert out.sample_index.tolist() == [0, 1, 2] * len(prompts)
+    mask = np.arange(out.token_ids.shape[1])[None, :] >= out.lengths[:, None]
+    assert not out.token_ids[mask].any() and not out.logprobs[mask].any()
+    with pytest.raises(ValueError):
+        out.token_ids[0, 0] = 5  # read-only
+    assert out.texts is None and out.text(0) is None
+    assert len(Completions.empty()) == 0
 
 
 def test_stop_tokens_end_rows_and_are_kept(model, sampler, prompts):
     greedy = SamplingParams(temperature=0, max_new_tokens=12, num_samples=3, max_total_len=64, stop_token_ids=())
-    free = sampler.generate(model, prompts, greedy)[0][0].token_ids
+    free = token_lists(sampler.generate(model, prompts, greedy))[0][0]
     stop = free[3]
     first = free.index(stop)
-    out = sampler.generate(model, prompts, SamplingParams(**{**greedy.__dict__, "stop_token_ids": (stop,)}))
-    got = out[0][0]
-    assert got.token_ids == free[: first + 1] and got.finish_reason == "stop"
-    for row in out:
-        for c in row:
-            assert stop not in c.token_ids[:-1]
-            assert (c.finish_reason == "stop") == (c.token_ids[-1] == stop)
+    out = sampler.generate(model, prompts, dataclasses.replace(greedy, stop_token_ids=(stop,)))
+    assert out.tokens(0).tolist() == free[: first + 1] and out.finish_reasons[0] == "stop"
+    for row in range(len(out)):
+        tokens = out.tokens(row).tolist()
+        assert stop not in tokens[:-1]
+        assert out.stopped[row] == (tokens[-1] == stop)
 
 
 def test_total_length_cap_and_per_prompt_caps(model, sampler, prompts):
     capped = sampler.generate(model, prompts, SamplingParams(max_new_tokens=12, num_samples=3, max_total_len=24, stop_token_ids=()))
-    for prompt, row in zip(prompts, capped):
-        for c in row:
-            assert len(c.token_ids) == min(12, 24 - len(prompt)) and c.finish_reason == "length"
+    for row in range(len(capped)):
+        assert capped.lengths[row] == min(12, 24 - len(prompts[capped.prompt_index[row]])) and not capped.stopped[row]
     caps = [1, 5, 3, 12]
-    out = sampler.generate(model, prompts, SamplingParams(**{**PLAIN.__dict__, "stop_token_ids": ()}), max_new_tokens_per_prompt=caps)
-    assert [[len(c.token_ids) for c in row] for row in out] == [[cap] * 3 for cap in caps]
+    out = sampler.generate(model, prompts, dataclasses.replace(PLAIN, stop_token_ids=()), max_new_tokens_per_prompt=caps)
+    assert out.lengths.tolist() == [cap for cap in caps for _ in range(3)]
     st = sampler.last_stats
     assert st.generated_tokens == 3 * sum(caps) and 0 <= st.decode_waste < 1
     assert st.slot_steps == st.decode_steps * st.num_slots and st.prefill_real_tokens <= st.prefill_tokens
 
 
-def test_fresh_weights_reuse_compiled_programs(model, sampler, prompts):
+def test_fresh_weights_reuse_compiled_programs_in_their_own_form(model, sampler, prompts):
     greedy = SamplingParams(temperature=0, max_new_tokens=6, num_samples=3, max_total_len=64)
     sampler.generate(model, prompts, greedy)
     compiled = (sampler._decode._cache_size(), sampler._insert._cache_size())
     other = random_model(model.config, seed=11)
     out = sampler.generate(other, prompts, greedy)  # a Llama; an nnx.State works the same
     assert (sampler._decode._cache_size(), sampler._insert._cache_size()) == compiled
-    logits = full_logits(other, prompts[0])
-    assert out[0][0].token_ids[0] == int(np.argmax(logits[-1]))
+    assert out.tokens(0)[0] == int(np.argmax(full_logits(other, prompts[0])[-1]))
+    # bf16 weights are used as they come (not cast back per call): one more compile each,
+    # then reused; tokens follow the bf16 weights' own argmax.
+    state = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), nnx.state(other))
+    low = sampler.generate(state, prompts, greedy)
+    again = sampler.generate(state, prompts, greedy)
+    assert sampler._decode._cache_size() == compiled[0] + 1
+    assert token_lists(low) == token_lists(again)
 
 
 def test_first_token_frequencies_through_the_engine(model, sampler):
@@ -82,7 +118,7 @@ def test_first_token_frequencies_through_the_engine(model, sampler):
     prompt = [1, 5]
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=10, max_new_tokens=1, num_samples=2000, max_total_len=64, seed=2)
     out = sampler.generate(model, [prompt], params)
-    tokens = np.array([c.token_ids[0] for c in out[0]])
+    tokens = out.token_ids[:, 0]
     expected = warped_probs(full_logits(model, prompt)[-1], 0.8, 10, 0.9)
     counts = np.bincount(tokens, minlength=expected.size)
     assert counts[expected == 0].sum() == 0
@@ -94,15 +130,13 @@ def test_first_token_frequencies_through_the_engine(model, sampler):
     assert stats.chisquare(counts[support], len(tokens) * untempered[support] / untempered[support].sum())[1] < 1e-6
 
 
-def test_bad_prompts_and_parameters_are_clear_errors(model, sampler):
-    from sgs_jax.sampling import PromptError
-
+def test_bad_prompts_parameters_and_pools_are_clear_errors(model, sampler):
     with pytest.raises(PromptError) as info:
-        sampler.generate(model, [[1, 5], [], [1] * 70, [1, 500]], PLAIN)
-    assert set(info.value.problems) == {1, 2, 3}
+        sampler.generate(model, [[1, 5], [], [1] * 70, [1, 500], [1.5, 2]], PLAIN)
+    assert set(info.value.problems) == {1, 2, 3, 4}
     assert "empty" in info.value.problems[1] and "max_total_len" in info.value.problems[2]
-    assert "outside" in info.value.problems[3]
-    assert sampler.generate(model, [], PLAIN) == []
+    assert "outside" in info.value.problems[3] and "integers" in info.value.problems[4]
+    assert len(sampler.generate(model, [], PLAIN)) == 0
     with pytest.raises(ValueError, match="config differs"):
         sampler.generate(random_model(tiny(num_layers=1)), [[1, 2]], PLAIN)
     with pytest.raises(ValueError, match="top_p"):
@@ -111,3 +145,9 @@ def test_bad_prompts_and_parameters_are_clear_errors(model, sampler):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="one cap"):
         sampler.generate(model, [[1, 2]], PLAIN, max_new_tokens_per_prompt=[1, 2])
+    small = Sampler(model.config, max_batch=2, prompt_buckets=BUCKETS, page_size=4, kv_pool_tokens=16)
+    assert len(small.generate(model, [[1, 2, 3]], PLAIN)) == 3  # rows of up to 2 + 10 cached tokens: 3 pages of 4
+    with pytest.raises(ValueError, match="kv_pool_tokens"):
+        small.generate(model, [[1, 2, 3]], dataclasses.replace(PLAIN, max_new_tokens=20))  # 22 tokens: 6 pages > 4
+    with pytest.raises(ValueError, match="kv_pool_tokens"):
+        Sampler(model.config, page_size=4, kv_pool_tokens=3)

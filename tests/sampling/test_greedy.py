@@ -7,6 +7,7 @@ import torch
 from sgs_jax.models import load_hf
 from sgs_jax.sampling import SamplingParams
 from tests.models.hf_reference import make_hf_model
+from tests.sampling.conftest import token_lists
 from tests.sampling.reference import full_logits
 
 NEW = 12
@@ -28,12 +29,13 @@ def test_greedy_equals_full_forward_argmax(model, sampler, prompts):
     params = SamplingParams(temperature=0, max_new_tokens=NEW, num_samples=3, max_total_len=64)
     out = sampler.generate(model, prompts, params)
     assert sampler.last_stats.refills >= 2
+    got = token_lists(out)
     for i, prompt in enumerate(prompts):
         expected = argmax_decode(model, prompt, NEW, model.config.eos_token_ids)
-        for sample in out[i]:
-            assert list(sample.token_ids) == expected
-            assert sample.finish_reason == ("stop" if expected[-1] == 2 else "length")
-            assert (sample.prompt_index, len(sample.logprobs)) == (i, len(expected))
+        assert got[i] == [expected] * 3
+        for row in out.rows_of(i):
+            assert out.finish_reasons[row] == ("stop" if expected[-1] == 2 else "length")
+            assert out.lengths[row] == len(expected)
 
 
 def test_greedy_equals_transformers_generate(tmp_path, sampler):
@@ -49,4 +51,4 @@ def test_greedy_equals_transformers_generate(tmp_path, sampler):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, eos_token_id=2, pad_token_id=0)
         expected = ref[0, len(prompt):].tolist()
-        assert list(out[i][0].token_ids) == expected, f"prompt {i}"
+        assert token_lists(out)[i] == [expected] * 3, f"prompt {i}"

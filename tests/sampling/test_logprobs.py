@@ -11,20 +11,17 @@ TOL = 1e-4
 
 def _check(model, prompts, out, params):
     checked = 0
-    for i, prompt in enumerate(prompts):
-        for sample in out[i]:
-            ids = list(prompt) + list(sample.token_ids)
-            logits = full_logits(model, ids)[len(prompt) - 1 : len(ids) - 1]  # predicts each generated token
-            np.testing.assert_allclose(sample.entropies, entropy(logits), atol=TOL, rtol=0)
-            if params.temperature == 1 and not params.filtered:
-                expected = log_softmax(logits)[np.arange(len(sample.token_ids)), sample.token_ids]
-            else:
-                expected = [
-                    np.log(warped_probs(step, params.temperature, params.top_k, params.top_p)[tok])
-                    for step, tok in zip(logits, sample.token_ids)
-                ]
-            np.testing.assert_allclose(sample.logprobs, expected, atol=TOL, rtol=0)
-            checked += len(sample.token_ids)
+    for row in range(len(out)):
+        prompt, tokens = prompts[out.prompt_index[row]], out.tokens(row)
+        ids = list(prompt) + tokens.tolist()
+        logits = full_logits(model, ids)[len(prompt) - 1 : len(ids) - 1]  # predicts each generated token
+        np.testing.assert_allclose(out.row_entropies(row), entropy(logits), atol=TOL, rtol=0)
+        if params.temperature == 1 and not params.filtered:
+            expected = log_softmax(logits)[np.arange(len(tokens)), tokens]
+        else:
+            expected = [np.log(warped_probs(step, params.temperature, params.top_k, params.top_p)[tok]) for step, tok in zip(logits, tokens)]
+        np.testing.assert_allclose(out.row_logprobs(row), expected, atol=TOL, rtol=0)
+        checked += len(tokens)
     assert checked > 40
 
 

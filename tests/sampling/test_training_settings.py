@@ -9,7 +9,7 @@ import pytest
 from sgs_jax.models import tiny
 from sgs_jax.models.config import REMAT_POLICIES
 from sgs_jax.sampling import Sampler, SamplingParams
-from tests.sampling.conftest import random_model
+from tests.sampling.conftest import random_model, token_lists
 from tests.sampling.reference import full_logits, log_softmax
 
 PROMPTS = [[1, 5, 6, 7], [1, 40, 41]]
@@ -30,14 +30,14 @@ def test_sampling_under_every_remat_policy_and_param_dtype(param_dtype):
     for policy in REMAT_POLICIES:
         model = random_model(config(policy), seed=0)  # the same weights under each policy
         out = sampler.generate(model, PROMPTS, PARAMS)
-        outputs[policy] = [[list(s.token_ids) for s in row] for row in out]
+        outputs[policy] = token_lists(out)
         if policy != "full":
             continue
-        for prompt, row in zip(PROMPTS, out):
-            for sample in row:
-                assert sample.token_ids and np.isfinite(sample.logprobs).all()
-                ids = prompt + list(sample.token_ids)
-                logits = full_logits(model, ids)[len(prompt) - 1 : len(ids) - 1]
-                expected = log_softmax(logits)[np.arange(len(sample.token_ids)), sample.token_ids]
-                np.testing.assert_allclose(sample.logprobs, expected, atol=BF16_LOGPROB_TOL, rtol=0)
+        for row in range(len(out)):
+            prompt, tokens = PROMPTS[out.prompt_index[row]], out.tokens(row)
+            assert len(tokens) and np.isfinite(out.row_logprobs(row)).all()
+            ids = prompt + tokens.tolist()
+            logits = full_logits(model, ids)[len(prompt) - 1 : len(ids) - 1]
+            expected = log_softmax(logits)[np.arange(len(tokens)), tokens]
+            np.testing.assert_allclose(out.row_logprobs(row), expected, atol=BF16_LOGPROB_TOL, rtol=0)
     assert outputs["full"] == outputs["none"] and outputs["dots"] == outputs["none"]

@@ -18,7 +18,7 @@ import pytest
 
 from sgs_jax import metrics as M
 from sgs_jax.config import load_config
-from sgs_jax.sampling import Completion
+from sgs_jax.sampling import Completions
 from sgs_jax.sgs.run import SGSRun
 from tests.sgs.run_support import small_run_overrides
 
@@ -55,17 +55,22 @@ class ScriptedSampler:
             else "  exact bogus"
         return f"```lean4\n{statement}\n{proof}\n```"
 
-    def generate(self, model, prompts, params, tokenizer=None, progress=None, **_):  # the Sampler.generate protocol
-        out = []
+    def generate(self, model, prompts, params, tokenizer=None, **_):
+        rows, texts = [], []
         for index, prompt in enumerate(prompts):
-            text = self.tokenizer.decode(prompt)
-            samples = []
+            text = self.tokenizer.decode(list(prompt))
             for sample in range(params.num_samples):
-                completion = self._text(text, sample)
-                ids = tuple(self.tokenizer.encode(completion, add_special_tokens=False)) + (self.tokenizer.eos_token_id,)
-                samples.append(Completion(ids, (-1.0,) * len(ids), (0.5,) * len(ids), "stop", index, sample, completion))
-            out.append(samples)
-        return out
+                texts.append(self._text(text, sample))
+                rows.append(self.tokenizer.encode(texts[-1], add_special_tokens=False) + [self.tokenizer.eos_token_id])
+        n, width = len(rows), max((len(r) for r in rows), default=0)
+        ids = np.zeros((n, width), np.int32)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = r
+        lengths = np.array([len(r) for r in rows], np.int32)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        k = params.num_samples
+        return Completions(np.arange(n) // k, np.arange(n) % k, lengths, ids, np.where(mask, -1.0, 0.0),
+                           np.where(mask, 0.5, 0.0), np.ones(n, bool), tuple(texts))
 
 
 def _one_iteration(tmp_path, random_checkpoints, experiment, *overrides):

@@ -34,7 +34,7 @@ def test_expert_iteration_sampling_counting_and_buffer(tmp_path, random_checkpoi
         full = [f"\n  exact h{i}" for i in range(cfg.targets.max_proofs)]  # target 0's store is full
         target_set = TargetSet(targets, {targets[0].id: full}, cfg.targets.max_proofs)
         # A proof of target 0 stored by an earlier iteration, with the prompt it was sampled from.
-        rollout = Rollout(targets[0].id, (5, 6, 7), "x", (-1.0, -1.0, -1.0), 3, "stop")
+        rollout = Rollout(targets[0].id, (5, 6, 7), "x", (-1.0, -1.0, -1.0), "stop")
         run.ei_buffer.add_iteration([StoredProofSample(rollout, 1.0, 0, full[0], (1, 9, 9))])
         out = run_iteration(0, run.ctx, run.roles, target_set, run.settings, run.ei_buffer)
     finally:

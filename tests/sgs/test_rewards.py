@@ -199,7 +199,7 @@ def test_conjecturer_rewards_reject_bad_input(rates, scores, match):
 
 
 def rollout(length, problem_id="c"):
-    return Rollout(problem_id, tuple(range(length)), "x", (0.0,) * length, length, "stop")
+    return Rollout(problem_id, tuple(range(length)), "x", (0.0,) * length, "stop")
 
 
 def test_conjecturer_samples_apply_the_length_penalty():

@@ -102,15 +102,14 @@ def run_pieces() -> dict:
     trainer = Trainer(model, TrainConfig(batch_size=16, micro_batch_size=8, max_seq_len=32, min_bucket=16), mesh)
     metrics = trainer.step(examples)
     params = host_read(jax.tree_util.tree_leaves(nnx.state(trainer.model)))
-    sampler = Sampler(config, mesh=mesh, max_batch=8, chunk_steps=4, min_window=16)
+    sampler = Sampler(config, mesh=mesh, max_batch=8, chunk_steps=4)
     prompts = [[1, 5, 9, 13], [1, 7], [1, 20, 30], [1, 3, 3, 3, 3]]
-    table = sampler.generate(trainer.model, prompts, SamplingParams(num_samples=3, max_new_tokens=10, max_total_len=32, seed=7))
+    out = sampler.generate(trainer.model, prompts, SamplingParams(num_samples=3, max_new_tokens=10, max_total_len=32, seed=7))
     tokens = np.full((len(prompts), 3, 10), -1, np.int64)
     logprobs = np.zeros((len(prompts), 3, 10), np.float64)
-    for p, row in enumerate(table):
-        for s, c in enumerate(row):
-            tokens[p, s, : len(c.token_ids)] = c.token_ids
-            logprobs[p, s, : len(c.logprobs)] = c.logprobs
+    for i, (p, s, n) in enumerate(zip(out.prompt_index, out.sample_index, out.lengths)):
+        tokens[p, s, :n] = out.token_ids[i, :n]
+        logprobs[p, s, :n] = out.logprobs[i, :n]
     return {
         "metric_names": np.asarray(sorted(metrics)), "metrics": np.asarray([metrics[k] for k in sorted(metrics)]),
         **{f"param_{i}": np.asarray(p) for i, p in enumerate(params)},

@@ -174,26 +174,30 @@ def row(name: str, value: float, unit: str = "tokens/s") -> str:
     return f"  {name:44s}{value:10.2f} {unit}"
 
 
+def report(lines: list[str]) -> None:
+    """Print one case's lines as soon as it is measured (a long run shows what it has)."""
+    print("\n".join(lines), flush=True)
+
+
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    lines = [f"CPU cores {os.cpu_count()}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f} at start; "
-             f"chunk {args.chunk_steps} steps, pages of {args.page_size} tokens; best of {args.repeats} after a warm-up"]
+    report([f"CPU cores {os.cpu_count()}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f} at start; "
+            f"chunk {args.chunk_steps} steps, pages of {args.page_size} tokens; best of {args.repeats} after a warm-up"])
     if {"batch", "capacity", "straggler"} & set(args.cases):
         with tempfile.TemporaryDirectory() as directory:
             hf = make_checkpoint(BATCH_MODEL, directory)
             model = load_hf(directory)
         if "batch" in args.cases:
-            lines += case_batch(args, hf, model, rng)
+            report(case_batch(args, hf, model, rng))
         if "capacity" in args.cases:
-            lines += case_capacity(args, model, rng)
+            report(case_capacity(args, model, rng))
         if "straggler" in args.cases:
-            lines += case_straggler(args, model, rng)
+            report(case_straggler(args, model, rng))
     if "long" in args.cases:
-        lines += case_long(args, rng)
-    lines.append(f"load average {os.getloadavg()[0]:.1f} at the end")
-    print("\n".join(lines))
+        report(case_long(args, rng))
+    report([f"load average {os.getloadavg()[0]:.1f} at the end"])
 
 
 if __name__ == "__main__":

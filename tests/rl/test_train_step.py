@@ -146,7 +146,7 @@ def _torch_reference(hf, examples, lr, steps):
         opt.zero_grad()
         loss = 0.0
         for e in examples:
-            seq = torch.tensor([e.prompt_ids + e.completion_ids])
+            seq = torch.tensor(np.concatenate([e.prompt_ids, e.completion_ids])[None].astype(np.int64))
             logp = torch.log_softmax(hf(input_ids=seq).logits[0].double(), -1)
             p = len(e.prompt_ids)
             picked = logp[torch.arange(p - 1, seq.shape[1] - 1), seq[0, p:]]

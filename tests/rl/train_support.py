@@ -32,7 +32,7 @@ def completion_logprobs(logits_fn, examples) -> list[np.ndarray]:
     """log p of each completion token of each example (float64), from one right-padded
     batch: `logits_fn(ids [N, L], mask [N, L]) -> [N, L, V]` (padding after a sequence
     cannot change its causal logits)."""
-    seqs = [e.prompt_ids + e.completion_ids for e in examples]
+    seqs = [np.concatenate([e.prompt_ids, e.completion_ids]) for e in examples]  # id arrays
     width = max(len(s) for s in seqs)
     ids = np.zeros((len(seqs), width), np.int32)
     mask = np.zeros((len(seqs), width), bool)

@@ -60,6 +60,8 @@ def get_config() -> ConfigDict:
 
     c.roles = ConfigDict()
     c.roles.offload_idle = False  # park the weights / optimizer states a phase does not use in pinned host memory
+    c.roles.placement = "shared"  # shared (all roles time-sliced on one mesh) | split (the frozen Guide samples on its own devices, overlapping the Solver's training)
+    c.roles.guide_devices = 0  # split: devices of the Guide's sub-mesh (data x tensor, mesh.tensor wide; the same number from every process); mesh.* lays out the rest. 0 with shared
 
     c.sgs = ConfigDict()
     c.sgs.use_conjecturer = True  # False = Solver-only RL baselines

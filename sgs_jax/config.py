@@ -39,6 +39,7 @@ _CHOICES = {
     "model.attention": ("auto", "xla", "cudnn", "splash"),
     "sampling.weights_dtype": ("float32", "bfloat16"),
     "sampling.weights_layout": ("inference", "training"),
+    "roles.placement": ("shared", "split"),
     "sgs.solver_objective": ("reinforce_half", "cispo", "expert_iteration"),
     "solver_train.normalization": ("batch_tokens", "sequence"),
     "conjecturer_train.normalization": ("batch_tokens", "sequence"),
@@ -52,7 +53,7 @@ _POSITIVE = (
     "solver_train.micro_batch_size", "solver_train.min_bucket", "conjecturer_train.lr", "conjecturer_train.batch_size",
     "conjecturer_train.micro_batch_size", "conjecturer_train.min_bucket", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
 )
-_NON_NEGATIVE = ("targets.limit", "run.log_examples", "run.export_every")
+_NON_NEGATIVE = ("targets.limit", "run.log_examples", "run.export_every", "roles.guide_devices")
 # Fields a resumed run may change with --allow-config-change: they change how long the run
 # goes, how often it saves or exports, what it keeps, how many workers verify and how the
 # sampler pages its KV cache (tokens do not depend on pool or page size), never a result
@@ -284,6 +285,7 @@ def validate(cfg: ConfigDict) -> None:
         check_backend_options(cfg.verify.backend, cfg.verify.options.to_dict())
     except ValueError as err:
         raise ConfigError(f"verify.backend / verify.options: {err}") from None
+    _check_placement(cfg)
     for role in ("solver_train", "conjecturer_train"):
         if cfg[role].batch_size % cfg[role].micro_batch_size:
             raise ConfigError(f"{role}.batch_size must be a multiple of {role}.micro_batch_size")
@@ -293,6 +295,28 @@ def validate(cfg: ConfigDict) -> None:
             f"solver_train.batch_size ({cfg.solver_train.batch_size}) must be a multiple of "
             f"sgs.proofs_per_problem ({cfg.sgs.proofs_per_problem}) for the cispo objective"
         )
+
+
+def _check_placement(cfg: ConfigDict) -> None:
+    """`roles.placement` / `roles.guide_devices`, as far as they can be checked without the
+    devices (`sgs.roles.role_meshes` checks the rest: device and process counts, batch splits)."""
+    r = cfg.roles
+    if r.placement == "shared":
+        if r.guide_devices:
+            raise ConfigError(f"roles.guide_devices={r.guide_devices} needs roles.placement='split' (shared: every role "
+                              "uses every device); set it to 0 or set roles.placement=split")
+        return
+    if not (cfg.sgs.use_guide or cfg.guide.shadow_score):
+        raise ConfigError("roles.placement='split' gives the Guide its own devices, but this experiment samples no Guide "
+                          "(sgs.use_guide and guide.shadow_score are off); use roles.placement=shared")
+    if r.guide_devices <= 0:
+        raise ConfigError("roles.guide_devices must be positive with roles.placement='split' (devices of the Guide's sub-mesh)")
+    if cfg.mesh.tensor <= 0:
+        raise ConfigError(f"mesh.tensor={cfg.mesh.tensor}: roles.placement='split' needs an explicit tensor size (the Guide's "
+                          "sub-mesh uses it too)")
+    if r.guide_devices % cfg.mesh.tensor:
+        raise ConfigError(f"roles.guide_devices={r.guide_devices} must be a multiple of mesh.tensor={cfg.mesh.tensor} "
+                          "(the Guide's sub-mesh is data x tensor)")
 
 
 def _plain(cfg: ConfigDict | Mapping) -> dict:

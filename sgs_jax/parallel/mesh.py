@@ -8,6 +8,9 @@ axis should cross slices or hosts (DCN). `device_grid` uses JAX's `mesh_utils`:
   - several GPU (or CPU) processes: `create_hybrid_device_mesh` with each process as a
     granule, processes over `data` (else `fsdp`);
   - one process of GPUs: `create_device_mesh` (device-id order).
+`split_devices` divides the devices between two sub-meshes (`roles.placement=split`: the
+frozen Guide's and the trainers'), the same number from every process.
+
 Row-major order is used only where no topology exists (simulated CPU devices, one device)
 or where `mesh_utils` cannot place the requested devices (an irregular subset of a slice),
 and then it is logged.
@@ -108,3 +111,28 @@ def mesh_from_config(mesh_config, devices: Sequence[jax.Device] | None = None) -
     """Build from a config with fields data, fsdp, tensor (ml_collections or dict)."""
     get = mesh_config.get if hasattr(mesh_config, "get") else lambda k, d: getattr(mesh_config, k, d)
     return make_mesh(get("data", 1), get("fsdp", -1), get("tensor", 1), devices)
+
+
+def split_devices(devices: Sequence[jax.Device], count: int) -> tuple[list[jax.Device], list[jax.Device]]:
+    """(the rest, `count` devices) of `devices`: the last `count / P` of each of the P
+    processes' devices (in device-id order), so every process holds devices of both
+    sub-meshes and owns rows of both (the data-in rule of `parallel.global_arrays`), and
+    each part is a whole number of devices per process (a hybrid mesh over processes needs
+    that). Raises ValueError with the numbers when `count` is not a multiple of P or would
+    leave a process without devices for the rest."""
+    by_process: dict[int, list[jax.Device]] = {}
+    for device in sorted(devices, key=lambda d: (d.process_index, d.id)):
+        by_process.setdefault(device.process_index, []).append(device)
+    processes = len(by_process)
+    if count <= 0 or count % processes:
+        raise ValueError(f"{count} devices cannot be taken evenly from {processes} processes: use a positive multiple of {processes}")
+    per_process = count // processes
+    local = min(len(d) for d in by_process.values())
+    if per_process >= local:
+        raise ValueError(f"{count} devices ({per_process} per process) leave no device of the {local} per process for the rest")
+    rest, taken = [], []
+    for process in sorted(by_process):
+        mine = by_process[process]
+        rest += mine[: len(mine) - per_process]
+        taken += mine[len(mine) - per_process :]
+    return rest, taken

@@ -74,9 +74,10 @@ def load_inference_weights(cfg, path: str, mesh) -> nnx.State:
     return nnx.state(model)
 
 
-def initial_models(cfg, tokenizer, mesh, workdir: str) -> tuple[Llama, nnx.State | None]:
-    """(base model in the training form, the Guide's weights in the inference form or None
-    when the experiment uses no Guide)."""
+def initial_models(cfg, tokenizer, mesh, workdir: str, guide_mesh=None) -> tuple[Llama, nnx.State | None]:
+    """(base model in the training form on `mesh`, the Guide's weights in the inference form
+    on `guide_mesh` (its own sub-mesh under roles.placement=split; default `mesh`) or None
+    when the experiment uses no Guide). A Guide fine-tuned here trains on `mesh`."""
     if not cfg.model.checkpoint:
         raise ValueError("model.checkpoint is empty: name the base prover checkpoint (the testbed preset names the packaged one)")
     base = load_model(cfg, cfg.model.checkpoint, mesh)
@@ -85,7 +86,7 @@ def initial_models(cfg, tokenizer, mesh, workdir: str) -> tuple[Llama, nnx.State
     path = guide_path(cfg, workdir)
     if not (cfg.model.guide_checkpoint or os.path.exists(os.path.join(path, "config.json"))):
         save_hf(fine_tune_guide(cfg, base, tokenizer, mesh), path, tokenizer=tokenizer)
-    return base, load_inference_weights(cfg, path, mesh)
+    return base, load_inference_weights(cfg, path, mesh if guide_mesh is None else guide_mesh)
 
 
 def guide_path(cfg, workdir: str) -> str:

@@ -7,8 +7,10 @@ their trainers), and returns the iteration's metrics.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -117,11 +119,14 @@ def _guide_metrics(guided: GuidePhase, shadow: bool) -> dict[str, float]:
     return out
 
 
-def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str, progress=None) -> dict[str, float]:
+def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str, progress=None,
+           running: Future | None = None) -> dict[str, float]:
+    """One epoch of `trainer` over `examples` (or, with `running`, the result of that epoch
+    already started in a worker thread) and its metrics under `prefix`."""
     if trainer is None or not examples:
         return {f"{prefix}/train_sequences": float(len(examples) if trainer else 0)}
     with phase(progress, f"train {prefix.capitalize()}", len(examples), "sequences") as shown:
-        steps = trainer.train_epoch(examples, seed=seed)
+        steps = running.result() if running is not None else trainer.train_epoch(examples, seed=seed)
         shown.advance(len(examples))
     fault_point("training")
     out = {f"{prefix}/train_sequences": float(len(examples)), f"{prefix}/optimizer_steps": float(len(steps))}
@@ -190,37 +195,52 @@ def run_iteration(
                 newly_solved += target_set.record_proof(problem.id, proof)
             verified = target_set.proofs[problem.id][before:]
         new_proofs[problem.id] = verified
-    # 7: Conjecturer rewards (p70 rule, Guide scores, product, min-max)
+    # 8: Solver data (before step 7: it does not depend on the Guide, so under split the
+    # Solver trains while the Guide scores)
+    solver_samples, solver_examples = _solver_data(settings, proved, new_proofs, ei_buffer)
+    solver_seed = seed + iteration
+    # 7: Conjecturer rewards (p70 rule, Guide scores, product, min-max), with the Solver's
+    # update running meanwhile on its own devices when the Guide has a sub-mesh of its own
     conj_rates = rates[num_targets:]
     conj_examples: list[SequenceExample] = []
     guide_replies: list[str | None] = [None] * len(kept)  # for the logged examples
-    if conj is not None and kept:
-        keep_idx = rewards.kept_conjectures(conj_rates, settings.keep_quantile)
-        guide_scores = None
-        if settings.use_guide or settings.shadow_guide:
-            pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
-            with phase(ctx.progress, "Guide" if settings.use_guide else "shadow Guide", len(pairs), "replies"), \
-                    roles.rollout_weights(GUIDE) as weights:
-                guided = guide_phase(ctx, weights, pairs, settings.guide_max_new_tokens, phase_seed(seed, iteration, "guide"))
-            out.update(_guide_metrics(guided, shadow=not settings.use_guide))
-            for i, reply in zip(keep_idx, guided.replies):
-                guide_replies[i] = reply
-            if settings.use_guide:  # a shadow Guide's scores are logged, never rewarded
-                guide_scores = [None] * len(kept)
-                for i, score in zip(keep_idx, guided.scores):
-                    guide_scores[i] = score
-        conj_rewards = rewards.conjecturer_rewards(conj_rates, guide_scores, settings.keep_quantile)
-        conj_samples = rewards.conjecturer_samples(conj.rollouts, conj_rewards, settings.conjecturer_max_new_tokens)
-        conj_examples = [SequenceExample.from_training_sample(conj.prompt_ids[s.rollout.problem_id], s) for s in conj_samples]
-    # 8: Solver data
-    solver_samples, solver_examples = _solver_data(settings, proved, new_proofs, ei_buffer)
+    overlap = roles.on_own_mesh(GUIDE) and not roles.shared
+    with contextlib.ExitStack() as overlapped:
+        solver_run = None
+        if overlap:
+            solver = overlapped.enter_context(roles.training(SOLVER))
+            if solver is not None and solver_examples:
+                worker = overlapped.enter_context(ThreadPoolExecutor(1, thread_name_prefix="sgs-train-solver"))
+                solver_run = worker.submit(solver.train_epoch, solver_examples, seed=solver_seed)
+        if conj is not None and kept:
+            keep_idx = rewards.kept_conjectures(conj_rates, settings.keep_quantile)
+            guide_scores = None
+            if settings.use_guide or settings.shadow_guide:
+                pairs = [(target_set.by_id[kept[i].target_id].statement, kept[i].statement) for i in keep_idx]
+                with phase(ctx.progress, "Guide" if settings.use_guide else "shadow Guide", len(pairs), "replies"), \
+                        roles.rollout_weights(GUIDE) as weights:
+                    guided = guide_phase(ctx.for_role(GUIDE), weights, pairs, settings.guide_max_new_tokens,
+                                         phase_seed(seed, iteration, "guide"))
+                out.update(_guide_metrics(guided, shadow=not settings.use_guide))
+                for i, reply in zip(keep_idx, guided.replies):
+                    guide_replies[i] = reply
+                if settings.use_guide:  # a shadow Guide's scores are logged, never rewarded
+                    guide_scores = [None] * len(kept)
+                    for i, score in zip(keep_idx, guided.scores):
+                        guide_scores[i] = score
+            conj_rewards = rewards.conjecturer_rewards(conj_rates, guide_scores, settings.keep_quantile)
+            conj_samples = rewards.conjecturer_samples(conj.rollouts, conj_rewards, settings.conjecturer_max_new_tokens)
+            conj_examples = [SequenceExample.from_training_sample(conj.prompt_ids[s.rollout.problem_id], s) for s in conj_samples]
+        if overlap:  # waits for the worker here, so metrics and fault points come in the sequential order
+            out.update(_train(solver, solver_examples, solver_seed, "solver", ctx.progress, running=solver_run))
     # 9: updates (one epoch each; a shared model trains on both sets at once)
     if roles.shared:
         with roles.training(SOLVER) as trainer:
-            out.update(_train(trainer, solver_examples + conj_examples, seed + iteration, "solver", ctx.progress))
+            out.update(_train(trainer, solver_examples + conj_examples, solver_seed, "solver", ctx.progress))
     else:
-        with roles.training(SOLVER) as trainer:
-            out.update(_train(trainer, solver_examples, seed + iteration, "solver", ctx.progress))
+        if not overlap:
+            with roles.training(SOLVER) as trainer:
+                out.update(_train(trainer, solver_examples, solver_seed, "solver", ctx.progress))
         if settings.train_conjecturer:
             with roles.training(CONJECTURER) as trainer:
                 out.update(_train(trainer, conj_examples, seed + iteration + 1, "conjecturer", ctx.progress))

@@ -26,7 +26,12 @@ from sgs_jax.verify import Status, Verifier, VerifyRequest
 
 @dataclasses.dataclass
 class PhaseContext:
-    """What every phase needs: the shared sampler, tokenizer, verifier and settings."""
+    """What every phase needs: the sampler, tokenizer, verifier and settings.
+
+    sampler: the trainers' mesh's Sampler (every role's under roles.placement=shared).
+    role_samplers: role name -> the Sampler of a role on a sub-mesh of its own (the Guide
+    under split; a Sampler's programs are compiled for one mesh); `for_role` picks.
+    """
 
     sampler: Sampler
     tokenizer: Any
@@ -36,12 +41,20 @@ class PhaseContext:
     top_p: float = 1.0
     top_k: int = 0
     progress: Any = None  # a sgs_jax.sgs.progress.RunProgress to show sampling progress (None: quiet)
+    role_samplers: dict[str, Sampler] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, cfg, sampler: Sampler, tokenizer, verifier: Verifier, templates: prompts.PromptTemplates) -> "PhaseContext":
+    def from_config(cls, cfg, sampler: Sampler, tokenizer, verifier: Verifier, templates: prompts.PromptTemplates,
+                    role_samplers: dict[str, Sampler] | None = None) -> "PhaseContext":
         """The context of a run (or of an evaluation with a run's settings): sampling from `cfg.sampling`."""
         return cls(sampler=sampler, tokenizer=tokenizer, verifier=verifier, templates=templates,
-                   temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k)
+                   temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
+                   role_samplers=dict(role_samplers or {}))
+
+    def for_role(self, role: str) -> "PhaseContext":
+        """This context with `role`'s Sampler (its own sub-mesh's, else `sampler`)."""
+        sampler = self.role_samplers.get(role)
+        return self if sampler is None else dataclasses.replace(self, sampler=sampler)
 
 
 def phase_seed(seed: int, iteration: int, phase: str) -> int:

@@ -43,7 +43,6 @@ from sgs_jax import metrics as M
 from sgs_jax.checkpoint import RunCheckpointer
 from sgs_jax.config import ConfigError, check_resume, config_hparams, record_config, validate
 from sgs_jax.faults import fault_point
-from sgs_jax.parallel import make_mesh
 from sgs_jax.parallel.distributed import KeyValueExchange, check_agreement, is_writer, sync
 from sgs_jax.parallel.compile_cache import compile_cache_dir, enable_compilation_cache
 from sgs_jax.parallel.rules import log_replicated_parameters
@@ -53,7 +52,8 @@ from sgs_jax.sgs.iteration import IterationSettings, run_iteration
 from sgs_jax.sgs.phases import PhaseContext
 from sgs_jax.sgs.progress import RunProgress, iteration_summary, phase
 from sgs_jax.sgs.rewards import ExpertIterationBuffer
-from sgs_jax.sgs.roles import CONJECTURER_FROZEN, CONJECTURER_NONE, SOLVER, Roles, build_roles, conjecturer_weights
+from sgs_jax.sgs.roles import (CONJECTURER_FROZEN, CONJECTURER_NONE, GUIDE, SOLVER, Roles, build_roles, conjecturer_weights,
+                                role_meshes)
 from sgs_jax.sgs.saved_roles import export_record, write_export
 from sgs_jax.sgs.stopping import GracefulStop
 from sgs_jax.verify import make_backend
@@ -110,7 +110,8 @@ class SGSRun:
         except (TypeError, ValueError) as err:
             raise ConfigError(f"verify.options: {err}") from None
         self.verifier = verifier
-        self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        self.meshes = role_meshes(cfg)  # roles.placement: one mesh, or the Guide's sub-mesh and the trainers'
+        self.mesh = self.meshes.train
         self.tokenizer = bootstrap.load_role_tokenizer(cfg)
         self.target_set = bootstrap.load_target_set(cfg)
         self.settings = IterationSettings.from_config(cfg)
@@ -123,11 +124,12 @@ class SGSRun:
             record_config(cfg, self.workdir)  # a new run's record; an existing one is never overwritten here
         self.verifier = self._verifier(self.verifier)
         self.checkpointer = RunCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.run.keep_checkpoints)
-        base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir)
+        base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir, self.meshes.guide)
         log_replicated_parameters(nnx.state(base), self.mesh, log)
-        self.roles: Roles = build_roles(cfg, base, guide, self.mesh)
+        self.roles: Roles = build_roles(cfg, base, guide, self.mesh, self.meshes.guide)
         self.sampler = Sampler.from_config(cfg, base.config, self.mesh)
-        self.ctx = PhaseContext.from_config(cfg, self.sampler, self.tokenizer, self.verifier, templates)
+        role_samplers = {} if self.meshes.guide is None else {GUIDE: Sampler.from_config(cfg, base.config, self.meshes.guide)}
+        self.ctx = PhaseContext.from_config(cfg, self.sampler, self.tokenizer, self.verifier, templates, role_samplers)
         self.ctx.progress = self.progress
         resumed = self._resume()
         self._align_side_files(resumed)

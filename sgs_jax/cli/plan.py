@@ -9,6 +9,8 @@ The three roles of a run, phase by phase (trainers' fp32 state, inference copies
 Guide, KV pool), and whether the busiest phase fits a device's HBM:
   sgs-plan --roles --config configs/sgs.py:paper --fsdp 8 --hbm-gib 95
   sgs-plan --roles --config configs/sgs.py:paper --config.roles.offload_idle=true --hbm-gib 95
+  sgs-plan --roles --config configs/sgs.py:paper --config.roles.placement=split --config.roles.guide_devices=4 \
+      --fsdp 12 --hbm-gib 95      # split: --data/--fsdp/--tensor lay out the trainers' sub-mesh; each sub-mesh's own peak
 
 Ahead-of-time compile of a run's real programs for a topology you need not have
 (TPU via libtpu's compile-only devices: pip install -e '.[tpu]'; cpu:N simulated devices;
@@ -115,7 +117,7 @@ def main(argv=None) -> int:
 def _roles(args, mesh, hbm) -> int:
     """`--roles`: the config's roles on the mesh, for the --preset / --checkpoint architecture."""
     from sgs_jax.config import ConfigError, load_config
-    from sgs_jax.sgs.roles import memory_plan
+    from sgs_jax.sgs.roles import guide_memory_plan, guide_mesh_shape, memory_plan
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -129,7 +131,17 @@ def _roles(args, mesh, hbm) -> int:
           f"  mesh: data={args.data} fsdp={args.fsdp} tensor={args.tensor}")
     print(f"sampling weights: {cfg.sampling.weights_dtype}, {cfg.sampling.weights_layout} layout; keep_inference_weights="
           f"{cfg.sampling.keep_inference_weights}; offload_idle={cfg.roles.offload_idle}")
+    guide = guide_memory_plan(cfg, config)
+    if guide is None:
+        print(plan.table(hbm))
+        return 0
+    data, fsdp, tensor = guide_mesh_shape(cfg)
+    print(f"roles.placement=split: the Guide samples on its own {cfg.roles.guide_devices} devices while the Solver trains; "
+          "each sub-mesh's peak is its own")
+    print(f"\n== trainers' sub-mesh (Solver, Conjecturer): data={args.data} fsdp={args.fsdp} tensor={args.tensor} ==")
     print(plan.table(hbm))
+    print(f"\n== Guide's sub-mesh: data={data} fsdp={fsdp} tensor={tensor} ==")
+    print(guide.table(hbm))
     return 0
 
 

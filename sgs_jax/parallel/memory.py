@@ -191,7 +191,8 @@ def plan_roles(
     offload_idle: bool,
     kv_pool_tokens: int,
 ) -> RolesPlan:
-    """Per-device memory of an SGS run's roles on one (data, fsdp, tensor) mesh, phase by phase.
+    """Per-device memory of an SGS run's roles on one (data, fsdp, tensor) mesh, phase by phase
+    (under `roles.placement=split`, called once per sub-mesh with the roles it holds).
 
     config: the architecture in the run's numerics (param_dtype = the trainers' master
     dtype, dtype = compute and KV dtype). trained: roles with a trainer (fp32 Adam moments
@@ -253,10 +254,9 @@ def plan_roles(
             items += [i for o in trained if o is not t for i in state(o.name)] + [f"{f} weights" for f in frozen]
         items += [copy(k) for k in kept]
         phases.append((f"train: {t.name}", tuple(dict.fromkeys(items))))
-    notes = [
-        "training activations are estimates of the dominant terms (remat=full inputs, one layer's scores, one micro-batch's logits)",
-        "decode and prefill activations are not counted (small beside the KV pool)",
-    ]
+    notes = ["training activations are estimates of the dominant terms (remat=full inputs, one layer's scores, one micro-batch's "
+             "logits)"] if trained else []
+    notes.append("decode and prefill activations are not counted (small beside the KV pool)")
     if offload_idle:
         notes.append("roles.offload_idle: what a phase does not use waits in pinned host memory; a checkpoint brings it back")
     if keep_inference_weights and not aliased:

@@ -122,3 +122,49 @@ def test_cli_estimate_with_hbm_and_bad_values(capsys):
     assert plan_cli.main(["--hbm-gib", "0"]) == 2
     assert plan_cli.main(["--roles", "--config", PAPER, "--config.sampling.weights_layout=fsdp"]) == 2
     assert "sampling.weights_layout must be one of" in capsys.readouterr().err
+
+
+# ---- roles.placement=split: one plan per sub-mesh ------------------------------------------------
+
+SPLIT = ["--config.roles.placement=split", "--config.roles.guide_devices=4"]
+
+
+def test_split_plans_each_sub_mesh_with_its_own_roles():
+    """Hand computation for the paper config with the Guide on 4 devices (data=4) and the
+    trainers on fsdp=4: the Guide's devices hold its bf16 weights (replicated) and its own
+    Sampler's KV pool (512K tokens over 4 row shards); the trainers' plan is the shared plan
+    on fsdp=4 without the Guide."""
+    from sgs_jax.sgs.roles import guide_memory_plan, guide_mesh_shape
+
+    plan, model, cfg = _paper_plan(*SPLIT, mesh=(1, 4, 1))
+    shared, _, _ = _paper_plan(mesh=(1, 4, 1))
+    assert guide_mesh_shape(cfg) == (4, 1, 1)
+    guide = guide_memory_plan(cfg, model)
+    n = model.num_params()
+    per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2  # keys + values, bf16, all layers
+    kv = 524_288 * per_token / 4  # 524,288 / (64-token pages x 4 shards) = 2048 whole pages per shard: no rounding
+    assert guide.item_bytes("Guide weights") == n * 2 and guide.item_bytes("KV pool") == kv and kv / GIB == 60.0
+    assert guide.phases == (("sample: Guide", ("KV pool", "Guide weights")),)
+    assert guide.peak == ("sample: Guide", n * 2 + kv)
+    assert "Guide weights" not in [name for name, _, _ in plan.rows]
+    assert [p for p, _ in plan.phases] == ["sample: Conjecturer", "sample: Solver", "train: Solver", "train: Conjecturer"]
+    for phase, items in plan.phases:  # each phase: the shared plan's phase less the Guide
+        assert items == tuple(i for i in dict(shared.phases)[phase] if i != "Guide weights")
+        assert plan.phase_bytes(phase) == shared.phase_bytes(phase) - shared.item_bytes("Guide weights")
+    assert guide_memory_plan(_paper_plan()[2], model) is None  # shared: no sub-mesh of its own
+
+
+def test_cli_roles_prints_each_sub_mesh_under_split():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert plan_cli.main(["--roles", "--config", PAPER, "--fsdp", "4", "--hbm-gib", "95"] + SPLIT) == 0
+    text = out.getvalue()
+    trainers, guide = text.split("== Guide's sub-mesh: data=4 fsdp=1 tensor=1 ==")
+    assert "== trainers' sub-mesh (Solver, Conjecturer): data=1 fsdp=4 tensor=1 ==" in trainers
+    assert "Guide" not in trainers.split("==")[-1] and "sample: Guide" in guide
+    peaks = [line for line in text.splitlines() if line.startswith("peak")]
+    assert len(peaks) == 2 and peaks[1].startswith("peak 72.872 GiB per device (sample: Guide) of 95.0 GiB HBM: fits")
+    shared = io.StringIO()
+    with contextlib.redirect_stdout(shared):
+        assert plan_cli.main(["--roles", "--config", PAPER, "--hbm-gib", "95"]) == 0
+    assert "sub-mesh" not in shared.getvalue() and len([l for l in shared.getvalue().splitlines() if l.startswith("peak")]) == 1

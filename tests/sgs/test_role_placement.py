@@ -157,9 +157,13 @@ def test_split_run_equals_the_shared_run(tmp_path, monkeypatch):
     devices and split (Guide on 4, trainers on fsdp=4): metrics (same names in the same
     order), target state, examples and final weights are equal; the Solver's training ran in
     a worker thread while the Guide sampled. Exact except floats whose reduction spans a
-    different number of devices, within 1e-5 relative: the trainers' loss / grad norm and
-    weights (fsdp=8 vs 4 gradient sums) and the Solver's mean entropy (its sampler splits
-    16 slots over 8 vs 4 devices; measured ~2e-7 relative; the tokens are equal)."""
+    different number of devices: the trainers' loss / grad norm (fsdp=8 vs 4 gradient sums)
+    and the Solver's mean entropy (its sampler splits 16 slots over 8 vs 4 devices) within
+    1e-5 relative (measured ~2e-7); the final weights: fewer than 0.1% of the elements
+    differ by more than 1e-6 and none by more than a third of one Adam step (lr / 3):
+    Adam divides each element's gradient by its own scale, so an element whose gradient is
+    near zero moves by up to lr on reduction noise alone (measured: 2.5e-5 at most). The
+    sampled tokens, and so every count, proof and conjecture, are equal."""
     from sgs_jax.sgs.testbed_pretrain import MODELS_DIR
 
     threads = []
@@ -201,6 +205,11 @@ def test_split_run_equals_the_shared_run(tmp_path, monkeypatch):
             assert abs(x - y) <= 1e-5 * max(abs(x), abs(y)), (a["step"], key, x, y)
         steps += "scalars" in a and a["step"] > 0 and a["scalars"].get("solver/optimizer_steps", 0) > 0
     assert steps == 2  # the Solver stepped in both iterations: the comparison covers training
+    assert shared["weights"].keys() == split["weights"].keys()
+    lr = cfg.solver_train.lr  # the testbed's 3e-4, both roles
     for role in shared["weights"]:
-        jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
-                               shared["weights"][role], split["weights"][role])
+        pairs = zip(jax.tree_util.tree_leaves(shared["weights"][role]), jax.tree_util.tree_leaves(split["weights"][role]))
+        diff = np.concatenate([np.abs(x - y).ravel() for x, y in pairs])
+        far = float(np.mean(diff > 1e-6))
+        print(f"{role}: largest weight difference {diff.max():.2e}, elements beyond 1e-6: {far:.2e}")
+        assert diff.max() <= lr / 3 and far < 1e-3, role

@@ -103,6 +103,18 @@ def test_cpu_plan_of_the_testbed_and_bad_sizes(capsys):
     assert "the KV pool holds 4,096" in capsys.readouterr().err
 
 
+def test_split_plan_compiles_the_trainers_sub_mesh():
+    """roles.placement=split: the programs of the 4 devices the Guide leaves of cpu:8, and
+    the Guide is not among what the training phase holds (it is on its own devices)."""
+    from sgs_jax.sgs.plan import plan_programs
+
+    cfg = load_config("configs/sgs.py:testbed", ["--config.roles.placement=split", "--config.roles.guide_devices=4"])
+    plan = plan_programs(cfg, topology("cpu:8"), ("apply",))
+    assert plan.mesh == {"data": 1, "fsdp": 4, "tensor": 1} and "Guide parameters" not in plan.held_besides
+    shared = plan_programs(load_config("configs/sgs.py:testbed"), topology("cpu:8"), ("apply",))
+    assert shared.mesh["fsdp"] == 8 and "Guide parameters" in shared.held_besides
+
+
 def test_decode_gathers_no_weights_and_reads_weights_plus_live_kv(reports):
     """The paper preset's decode chunk (256 slots, rows of 2,048 cached tokens on average in
     a 512K-token pool, bf16 weights in the inference layout): no all-gather at all, and HBM

@@ -19,7 +19,6 @@ import random
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sgs_jax.rl.objectives import sequence_scale
@@ -127,7 +126,7 @@ def batch_scale(
     lengths = np.asarray([len(e.completion_ids) for e in examples])
     mask = np.arange(max(lengths.max(initial=0), 1))[None, :] < lengths[:, None]
     group_ids = np.asarray([e.group for e in examples]) if normalization == "group_tokens" else None
-    return np.asarray(sequence_scale(jnp.asarray(mask), normalization, group_ids, num_groups=num_groups), np.float32)
+    return np.asarray(sequence_scale(mask, normalization, group_ids, np.float32, num_groups), np.float32)
 
 
 def group_batches(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NORMALIZATIONS = ("batch_tokens", "sequence", "group_tokens")
 
@@ -39,30 +40,32 @@ def sequence_scale(
     mask: [batch, tokens], bool or 0/1. group_ids: [batch] integers, any values
     (sequences with equal ids form a group); required for "group_tokens" only.
     num_groups: the group count "group_tokens" divides by (None: the non-empty groups
-    in `mask`); "group_tokens" only.
+    in `mask`); "group_tokens" only. A NumPy `mask` is computed in NumPy (host-side
+    callers such as `rl.batching.batch_scale` compile nothing per batch shape).
     """
+    xp = np if isinstance(mask, np.ndarray) else jnp
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"unknown normalization {normalization!r}; expected one of {NORMALIZATIONS}")
     if (group_ids is None) == (normalization == "group_tokens"):
         raise ValueError("group_ids is required for 'group_tokens' and only for it")
     if num_groups is not None and (normalization != "group_tokens" or num_groups < 1):
         raise ValueError(f"num_groups must be >= 1 and is for 'group_tokens' only, got {num_groups!r}")
-    tokens = jnp.sum(mask > 0, axis=-1).astype(dtype)  # [batch]
+    tokens = xp.sum(mask > 0, axis=-1).astype(dtype)  # [batch]
     nonempty = (tokens > 0).astype(dtype)
     if normalization == "batch_tokens":
-        return jnp.full(tokens.shape, 1.0 / jnp.maximum(jnp.sum(tokens), 1.0))
+        return xp.full(tokens.shape, 1.0 / xp.maximum(xp.sum(tokens), 1.0), dtype)
     if normalization == "sequence":
-        return 1.0 / (jnp.maximum(tokens, 1.0) * jnp.maximum(jnp.sum(nonempty), 1.0))
+        return 1.0 / (xp.maximum(tokens, 1.0) * xp.maximum(xp.sum(nonempty), 1.0))
     # [batch, batch] membership instead of segment sums: any id values, and batch is small.
     # Elementwise sums, not matmuls, so that accelerators cannot round the counts.
-    group_ids = jnp.asarray(group_ids)
+    group_ids = xp.asarray(group_ids)
     same_group = (group_ids[:, None] == group_ids[None, :]).astype(dtype)
-    group_tokens = jnp.sum(same_group * tokens[None, :], axis=1)
-    group_sequences = jnp.sum(same_group * nonempty[None, :], axis=1)
+    group_tokens = xp.sum(same_group * tokens[None, :], axis=1)
+    group_sequences = xp.sum(same_group * nonempty[None, :], axis=1)
     if num_groups is None:
         # Each non-empty sequence adds 1 / (non-empty sequences of its group): sums to #groups.
-        num_groups = jnp.sum(nonempty / jnp.maximum(group_sequences, 1.0))
-    return 1.0 / (jnp.maximum(group_tokens, 1.0) * jnp.maximum(num_groups, 1.0))
+        num_groups = xp.sum(nonempty / xp.maximum(group_sequences, 1.0))
+    return 1.0 / (xp.maximum(group_tokens, 1.0) * xp.maximum(num_groups, 1.0))
 
 
 def _prepare(logprobs, mask, per_sequence, normalization, group_ids, scale):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def entropy(logits: jax.Array) -> jax.Array:
@@ -111,9 +112,21 @@ def next_tokens(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p, *
     return tokens, chosen, ent
 
 
-def row_keys(seed: int, prompt_index: jax.Array, sample_index: jax.Array) -> jax.Array:
-    """Per-row base keys [R, 2] from (seed, prompt index [R], sample index [R]); step t of a
-    row draws with fold_in(base, t), so a row's stream depends on nothing else."""
-    base = jax.random.PRNGKey(seed)
+def row_keys(seed: int, prompt_index, sample_index) -> np.ndarray:
+    """Per-row base keys [R, 2] uint32 from (seed, prompt index [R], sample index [R]); step t
+    of a row draws with fold_in(base, t), so a row's stream depends on nothing else.
+
+    One compiled program per power-of-two row count (the indices are padded, the keys of the
+    padding dropped), so calls with different row counts do not each compile."""
+    prompt_index, sample_index = np.asarray(prompt_index, np.int32), np.asarray(sample_index, np.int32)
+    rows = len(prompt_index)
+    size = 1 << max(rows - 1, 0).bit_length()
+    padding = (0, size - rows)
+    keys = _row_keys(jax.random.PRNGKey(seed), np.pad(prompt_index, padding), np.pad(sample_index, padding))
+    return np.asarray(keys)[:rows]
+
+
+@jax.jit
+def _row_keys(base: jax.Array, prompt_index: jax.Array, sample_index: jax.Array) -> jax.Array:
     one = lambda p, s: jax.random.fold_in(jax.random.fold_in(base, p), s)  # noqa: E731
     return jax.vmap(one)(prompt_index, sample_index)

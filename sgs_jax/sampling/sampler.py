@@ -90,7 +90,8 @@ class Sampler:
     mesh: optional (data, fsdp, tensor) mesh; slots and KV pages split over data/fsdp,
         KV heads over tensor.
     max_batch: decode slots (rows in flight), a multiple of the mesh's data x fsdp devices;
-        a call with fewer rows uses the next power of two, padded to a multiple of those.
+        every call uses all of them (fewer rows leave slots idle), so the compiled programs
+        do not depend on a call's row count.
     kv_pool_tokens: KV pool capacity in tokens (all slots share it; `sampling.kv_pool_tokens`);
         None sizes the pool per call to every slot's worst case (never preempts).
     page_size: tokens per KV page (`sampling.page_size`).
@@ -193,12 +194,14 @@ class Sampler:
         limits = np.minimum(np.asarray(caps, np.int32), params.max_total_len - lens)
         prompt_index = np.repeat(np.arange(len(prompts), dtype=np.int32), k)
         sample_index = np.tile(np.arange(k, dtype=np.int32), len(prompts))
-        num_slots = self.num_slots(len(prompt_index))
-        max_pages, pages_per_shard = self.pool_shape(num_slots, int((lens - 1 + limits).max()))
+        # Shapes from the Sampler and the call's length cap only, never from its row count or
+        # prompt lengths: every call of a role runs the same compiled programs.
+        num_slots = self.max_batch
+        max_pages, pages_per_shard = self.pool_shape(num_slots, params.max_total_len - 1)
         sched = SlotScheduler(num_slots, prompt_index, sample_index, limits[prompt_index], lens[prompt_index], k,
                               params.resolved_stop_ids(self.config.eos_token_ids),
                               PageAllocator(self.shards, pages_per_shard), self.page_size, max_pages, self.chunk_steps)
-        keys = np.asarray(row_keys(params.seed, jnp.asarray(prompt_index), jnp.asarray(sample_index)))
+        keys = row_keys(params.seed, prompt_index, sample_index)
         sampling_args = self._sampling_args(params)
         mode = sampling_mode(params.temperature, params.top_k, params.top_p)
         counters = dict(decode_steps=0, slot_steps=0, generated_tokens=0, prefill_tokens=0, prefill_real_tokens=0, refills=0, chunks=0)
@@ -246,12 +249,6 @@ class Sampler:
             if why:
                 found[i] = why
         return found
-
-    def num_slots(self, num_rows: int) -> int:
-        """Decode slots for a call with `num_rows` rows: the next power of two (at most
-        max_batch), rounded up to a multiple of the mesh's batch devices."""
-        slots = power_of_two_at_least(num_rows, self.max_batch)
-        return min(self.max_batch, -(-slots // self.shards) * self.shards)
 
     def pool_shape(self, num_slots: int, max_cached: int) -> tuple[int, int]:
         """(page-table width, pool pages per batch shard) of a call whose longest row caches

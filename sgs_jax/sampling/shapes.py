@@ -1,4 +1,4 @@
-"""Static shapes: prompt-length buckets and slot counts (host-side, pure), prompt checks.
+"""Static shapes: prompt-length buckets and power-of-two sizes (host-side, pure), prompt checks.
 
 Every jitted program is keyed by these numbers, so a run compiles a handful of programs
 instead of one per batch.

@@ -17,6 +17,7 @@ import numpy as np
 
 from sgs_jax.models.tokenizer import encode_chat
 from sgs_jax.sampling import Completions, Sampler, SamplingParams
+from sgs_jax.sampling.shapes import bucket_for
 from sgs_jax.sgs import extraction, prompts
 from sgs_jax.sgs.progress import sampler_callback
 from sgs_jax.sgs.types import Attempt, ChatMessage, Conjecture, GuideScores, Problem, Rollout, Target, token_array
@@ -96,11 +97,13 @@ def sample_messages(
     """Encode chat prompts, drop those that cannot fit, and sample `num_samples` each.
 
     max_total_len: cap on prompt + generation (the Solver's); None caps generation alone
-    (`max_new_tokens` after the longest prompt).
+    (`max_new_tokens` after the longest prompt, whose length is rounded up to its prompt
+    bucket so that the sampler's page-table width, a compiled shape, changes only with it).
     """
     encoded = [encode_chat(ctx.tokenizer, [m.as_dict() for m in msgs]) for msgs in messages]
     if max_total_len is None:
-        max_total_len = max_new_tokens + max((len(e) for e in encoded), default=1)
+        longest = max((len(e) for e in encoded), default=1)
+        max_total_len = max_new_tokens + bucket_for(longest, ctx.sampler.prompt_buckets)
     params = SamplingParams(
         temperature=ctx.temperature,
         top_p=ctx.top_p,

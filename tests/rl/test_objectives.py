@@ -211,6 +211,17 @@ def test_micro_batches_with_global_scale_sum_to_the_full_loss(normalization):
     np.testing.assert_allclose(np.concatenate(grads), full_grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+def test_numpy_scale_equals_the_jax_one(normalization):
+    """Host-side callers pass NumPy masks (computed in NumPy, nothing compiled): same values."""
+    b = random_batch(7, np.float32)
+    groups = b["group_ids"] if normalization == "group_tokens" else None
+    host = sequence_scale(np.asarray(b["mask"]), normalization, groups)
+    device = sequence_scale(jnp.asarray(b["mask"]), normalization, None if groups is None else jnp.asarray(groups))
+    assert isinstance(host, np.ndarray) and host.dtype == np.float32
+    np.testing.assert_allclose(host, np.asarray(device), rtol=1e-7, atol=0)
+
+
 def test_all_masked_batch_is_zero_not_nan():
     logprobs = jnp.full((2, 3), -jnp.inf)
     mask = jnp.zeros((2, 3), bool)

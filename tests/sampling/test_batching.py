@@ -112,6 +112,24 @@ def test_fresh_weights_reuse_compiled_programs_in_their_own_form(model, sampler,
     assert token_lists(low) == token_lists(again)
 
 
+def test_row_count_and_prompt_lengths_do_not_change_the_programs(model, sampler, prompts):
+    """Calls of one role differ in rows (prompts x k) and prompt lengths; once each prefill
+    form (one prompt, several) has run, none of them compiles anything new."""
+    short = [p for p in prompts if len(p) <= 8]  # one prompt bucket
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, num_samples=3, max_total_len=64, seed=2)
+    sampler.generate(model, short, params)
+    sampler.generate(model, short[:1], dataclasses.replace(params, num_samples=1))
+
+    def compiled():
+        return sampler._empty._cache_size(), sampler._insert._cache_size(), sampler._decode._cache_size()
+
+    before = compiled()
+    for rows, k in ((short[1:], 2), (short[:1], 1), (short[::-1], 1), (short[:2], 3)):
+        sampler.generate(model, rows, dataclasses.replace(params, num_samples=k, seed=k))
+        assert sampler.last_stats.num_slots == sampler.max_batch
+    assert compiled() == before
+
+
 def test_first_token_frequencies_through_the_engine(model, sampler):
     """2000 one-token samples of one prompt through prefill, refills and decode match the
     top-p/temperature distribution of the full-forward logits (chi-square, fixed seed)."""

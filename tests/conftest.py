@@ -19,7 +19,20 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
 
 
+# The longest files (`--durations`), run first: with pytest-xdist's `--dist loadfile` (how
+# `launch/local.sh test` runs) each file stays on one worker, so a long file started last
+# would leave the other workers idle at the end.
+LONGEST_FILES = ("sgs/test_faults.py", "parallel/test_aot_plan.py", "sgs/test_learning.py", "sgs/test_run.py",
+                 "sgs/test_experiments_smoke.py", "sgs/test_conjecture_checks.py", "sgs/test_evaluation.py")
+
+
+def _file_rank(item) -> int:
+    path = item.path.as_posix()
+    return next((i for i, name in enumerate(LONGEST_FILES) if path.endswith("tests/" + name)), len(LONGEST_FILES))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_file_rank)  # stable: the order within a file and among the rest is kept
     if config.getoption("--runslow"):
         return
     skip_slow = pytest.mark.skip(reason="slow: pass --runslow to run")

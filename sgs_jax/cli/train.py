@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import warnings
 
 from absl import flags
 
@@ -116,6 +117,10 @@ def main(argv=None) -> int:
         except OSError as err:
             if storage_errno(err) is None:
                 raise
+            # orbax abandons the sibling fragment writes of a failed save; their coroutines,
+            # never awaited, would warn at exit below the one line (the checkpoint was not
+            # committed: only a finished save is renamed into place).
+            warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
             where = run.resume_point() if run is not None else resume_hint
             return _fail(f"cannot write {err.filename or cfg.run.workdir}: {err.strerror or err}; "
                          f"free space (or make it writable) and {where}", 1)

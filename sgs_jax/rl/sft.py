@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import pathlib
 import random
 from typing import Callable, Sequence
@@ -31,6 +32,8 @@ from sgs_jax.rl.train_step import Trainer
 from sgs_jax.sampling import Sampler, SamplingParams
 from sgs_jax.sgs.rewards import parse_guide_reply
 from sgs_jax.sgs.types import ChatMessage
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +186,10 @@ def fine_tune(
         max_seq_len=max_seq_len or longest, optimizer=OptimizerConfig(learning_rate=learning_rate),
     )
     trainer = Trainer(model, config, mesh)
-    run_sft(trainer, tokenizer, pairs, epochs, seed=seed)
+    losses = run_sft(trainer, tokenizer, pairs, epochs, seed=seed).losses
+    tenth = max(1, len(losses) // 10)  # the curve a long build shows in its log
+    log.info("fine_tune: %d steps over %d rows, mean loss %.4f over the first tenth -> %.4f over the last",
+             len(losses), len(pairs), sum(losses[:tenth]) / tenth, sum(losses[-tenth:]) / tenth)
     return trainer.model
 
 

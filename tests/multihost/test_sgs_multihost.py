@@ -162,3 +162,24 @@ def test_killed_process_then_restart_of_all_resumes_exactly(runs, tmp_path):
     e_double, e_resumed = _export(double), _export(workdir)
     for name in e_double:
         np.testing.assert_array_equal(e_double[name], e_resumed[name], err_msg=name)
+
+
+SPLIT = ["--config.roles.placement=split", "--config.roles.guide_devices=4"]
+
+
+def test_split_placement_two_processes_equal_one(tmp_path):
+    """`roles.placement=split` (the Guide on 4 devices: the last 2 of each process; the
+    trainers on the other 4, the Solver training in a worker thread while the Guide samples)
+    as 2 processes x 4 devices equals 1 process x 8: metrics exactly (the trainers' sub-mesh
+    is 4 devices in both, so even the reductions agree; measured), side files exactly."""
+    cache = tmp_path / "compile_cache"
+    single, double = tmp_path / "single", tmp_path / "double"
+    done = subprocess.run([sys.executable, *_train_argv(single, cache), *SPLIT], capture_output=True, text=True,
+                          env=process_env(8), cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    launcher = subprocess.run(["bash", str(ROOT / "launch/local_multiprocess.sh"), "-n", "2", "-d", "4", CONFIG,
+                               *_flags(double, cache), *SPLIT], capture_output=True, text=True, timeout=900,
+                              env={**process_env(4), "PYTHON": sys.executable}, cwd=ROOT)
+    assert launcher.returncode == 0, launcher.stderr[-2000:] + log_tail(double / "logs")
+    _compare_metrics(single, double, exact=True)
+    _side_files_equal(single, double)

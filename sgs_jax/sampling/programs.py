@@ -72,11 +72,21 @@ def pin_state(state: DecodeState) -> DecodeState:
                        constrain(state.rng, ("batch", None)))
 
 
+def _all_slots_empty(pool: PagedKVCache, slots: int) -> DecodeState:
+    zeros = jnp.zeros((slots,), jnp.int32)
+    return pin_state(DecodeState(pool, zeros, zeros, zeros, zeros, jnp.ones((slots,), bool), jnp.zeros((slots, 2), jnp.uint32)))
+
+
 def empty_state(config: ModelConfig, slots: int, num_pages: int, page_size: int) -> DecodeState:
     """All slots empty (done); a zero pool of `num_pages` pages in the compute dtype."""
-    zeros = jnp.zeros((slots,), jnp.int32)
-    return pin_state(DecodeState(PagedKVCache.create(config, num_pages, page_size), zeros, zeros, zeros, zeros,
-                                 jnp.ones((slots,), bool), jnp.zeros((slots, 2), jnp.uint32)))
+    return _all_slots_empty(PagedKVCache.create(config, num_pages, page_size), slots)
+
+
+def reuse_pool(state: DecodeState) -> DecodeState:
+    """`state`'s pool, unchanged, with every slot empty: a new call's state without
+    allocating (and zeroing) the pool again. Safe because no attention reads a pool
+    position its row has not written: the stale pages are masked out."""
+    return _all_slots_empty(state.pool, state.cached.shape[0])
 
 
 def _write_prompt_pages(pool: PagedKVCache, chunk_keys, chunk_values, source, dest) -> PagedKVCache:

@@ -244,27 +244,30 @@ def prove_phase(
     prompt_ids: dict[str, np.ndarray] = {}
     entropies: list[float] = []
     skipped = failures = tokens = 0
-    for start in range(0, len(problems), chunk_problems):
-        chunk = problems[start : start + chunk_problems]
-        messages = [prompts.solver_messages(p, ctx.templates) for p in chunk]
-        # The cap is on prompt + generation; `max_new_tokens` never binds before it.
-        sampled = sample_messages(ctx, model, messages, k, max_total_len, max_total_len, seed + start)
-        skipped += sampled.skipped
-        out = sampled.completions
-        tokens += int(out.lengths.sum())
-        entropies += out.mean_entropies()[out.lengths > 0].tolist()
-        for local, ids, rows in sampled.groups():
-            problem = chunk[local]
-            prompt_ids[problem.id] = ids
-            for row in rows:
-                rollout = Rollout.from_row(problem.id, out, row)
-                result = extraction.extract_proof(rollout.text)
-                future = None
-                if result.ok:
-                    future = ctx.verifier.submit(VerifyRequest(problem.header, problem.statement, result.text))
-                else:
-                    failures += 1
-                pending.append((start + local, rollout, result.text, future))
+    # One pool for the phase's chunks: allocating it per chunk costs more than a short chunk's
+    # decoding; released before training, which needs the memory.
+    with ctx.sampler.keep_pool():
+        for start in range(0, len(problems), chunk_problems):
+            chunk = problems[start : start + chunk_problems]
+            messages = [prompts.solver_messages(p, ctx.templates) for p in chunk]
+            # The cap is on prompt + generation; `max_new_tokens` never binds before it.
+            sampled = sample_messages(ctx, model, messages, k, max_total_len, max_total_len, seed + start)
+            skipped += sampled.skipped
+            out = sampled.completions
+            tokens += int(out.lengths.sum())
+            entropies += out.mean_entropies()[out.lengths > 0].tolist()
+            for local, ids, rows in sampled.groups():
+                problem = chunk[local]
+                prompt_ids[problem.id] = ids
+                for row in rows:
+                    rollout = Rollout.from_row(problem.id, out, row)
+                    result = extraction.extract_proof(rollout.text)
+                    future = None
+                    if result.ok:
+                        future = ctx.verifier.submit(VerifyRequest(problem.header, problem.statement, result.text))
+                    else:
+                        failures += 1
+                    pending.append((start + local, rollout, result.text, future))
     groups: list[list[Attempt]] = [[] for _ in problems]
     counts: dict[str, int] = {s.value: 0 for s in Status}
     verify_seconds = 0.0

@@ -130,6 +130,29 @@ def test_row_count_and_prompt_lengths_do_not_change_the_programs(model, sampler,
     assert compiled() == before
 
 
+def test_a_kept_pool_gives_the_same_samples_without_allocating(model, sampler, prompts):
+    """Inside `keep_pool` the second call reuses the first call's pool, stale pages and
+    all, and samples exactly what a fresh pool gives; outside it each call allocates."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, num_samples=3, max_total_len=64, seed=7)
+    fresh = [sampler.generate(model, prompts[::-1], params), sampler.generate(model, prompts, dataclasses.replace(params, seed=8))]
+    allocations = []
+    allocate = sampler._empty
+    sampler._empty = lambda *a: allocations.append(a) or allocate(*a)
+    try:
+        with sampler.keep_pool():
+            kept = [sampler.generate(model, prompts[::-1], params), sampler.generate(model, prompts, dataclasses.replace(params, seed=8))]
+            assert sampler._kept_state is not None
+        assert sampler._kept_state is None  # released when the block exits
+        sampler.generate(model, prompts[:1], params)
+    finally:
+        sampler._empty = allocate
+    assert len(allocations) == 2  # the block's first call, and the call after the block
+    for a, b in zip(fresh, kept):
+        assert token_lists(a) == token_lists(b)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+        np.testing.assert_array_equal(a.entropies, b.entropies)
+
+
 def test_first_token_frequencies_through_the_engine(model, sampler):
     """2000 one-token samples of one prompt through prefill, refills and decode match the
     top-p/temperature distribution of the full-forward logits (chi-square, fixed seed)."""

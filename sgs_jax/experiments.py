@@ -127,7 +127,7 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
 def plan_runs(experiment: Experiment, experiment_dir: str | os.PathLike, root: str | os.PathLike,
               only: Sequence[str] = (), seeds: Sequence[int] = (),
               extra: Sequence[str] = ()) -> list[PlannedRun]:
-    """Every (entry, seed) run, entries in definition order, seeds inner. only / seeds:
+    """Every (entry, seed) run: seeds in order, entries in definition order within each. only / seeds:
     subsets (empty = all); extra: `--config.FIELD=VALUE` flags after the experiment's
     overrides (the command line's, passed to sgs-train as written). Each run's config is
     parsed from exactly the flags sgs-train will get and validated here, before anything
@@ -143,12 +143,14 @@ def plan_runs(experiment: Experiment, experiment_dir: str | os.PathLike, root: s
     if owned:
         raise ValueError(f"{', '.join(owned)} is set by the runner for each run")
     runs = []
-    for entry in experiment.entries:
-        if only and entry.label not in only:
-            continue
-        file, sep, preset = entry.config.partition(":")
-        config = str(pathlib.Path(experiment_dir, file).resolve()) + sep + preset
-        for seed in seeds or experiment.seeds:
+    # Seeds outer: an experiment stopped part way holds every config for its first seeds,
+    # and parallel jobs run different configs side by side.
+    for seed in seeds or experiment.seeds:
+        for entry in experiment.entries:
+            if only and entry.label not in only:
+                continue
+            file, sep, preset = entry.config.partition(":")
+            config = str(pathlib.Path(experiment_dir, file).resolve()) + sep + preset
             workdir = pathlib.Path(root, experiment.name, f"{entry.label}_seed{seed}").resolve()
             runner = (("run.workdir", str(workdir)), ("run.seed", int(seed)), ("experiment", entry.label))
             flags = (*override_args(experiment.overrides), *override_args(entry.overrides), *extra,

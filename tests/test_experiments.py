@@ -37,8 +37,8 @@ def test_invalid_experiments_name_the_problem(changes, message):
 def test_findings_plan_paths_order_and_subsets(tmp_path):
     experiment = ex.load_experiment(FINDINGS)
     runs = ex.plan_runs(experiment, FINDINGS.parent, tmp_path)
-    assert [r.name for r in runs] == [f"{label}_seed{s}" for label in ("sgs", "rl_baseline", "no_guide", "cispo_sgs")
-                                      for s in (1, 2, 3)]
+    assert [r.name for r in runs] == [f"{label}_seed{s}" for s in (1, 2, 3)
+                                      for label in ("sgs", "rl_baseline", "no_guide", "cispo_sgs")]
     assert all(r.workdir == tmp_path / "findings" / r.name for r in runs)
     assert runs[0].config == f"{ROOT / 'configs' / 'sgs.py'}:testbed"
     assert runs[0].iterations == load_config(f"{ROOT}/configs/sgs.py:testbed").run.iterations

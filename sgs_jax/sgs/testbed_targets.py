@@ -3,8 +3,9 @@
     nice -n 5 python -m sgs_jax.sgs.testbed_targets    # rewrites sgs_jax/testbed/data/targets.json
 
 1. `generator.candidate_pool()`: 1,200 provable multi-step statements (pruned proofs of 4+
-   tactics, 6% with a disjunctive conclusion), none of them in the warm-start corpus, kept
-   when the Solver's prompt and the pruned proof fit the run's 512-token cap.
+   tactics) and 400 of two or three steps, 6% with a disjunctive conclusion, none of them
+   in the warm-start corpus, kept when the Solver's prompt and the pruned proof fit the
+   run's 512-token cap.
 2. Calibration: the packaged base model writes `samples` Solver proofs of each candidate
    (the run's Solver prompt, length cap and temperature, sampling seed `--seed`, a dev
    seed that no reported run uses), checked by the `prop` backend. A candidate's
@@ -46,7 +47,7 @@ from sgs_jax.testbed.tokenizer import load_tokenizer
 log = logging.getLogger(__name__)
 
 CALIBRATION_SEED = 100  # a dev seed: reported runs use seeds below 100
-SOLVER_MAX_TOTAL_LEN = 512  # sampling.solver_max_total_len of the testbed preset once this set is packaged (configs/presets.py)
+SOLVER_MAX_TOTAL_LEN = 512  # calibration cap = the testbed preset's sampling.solver_max_total_len (configs/presets.py)
 
 
 def solver_row_length(item: generator.Generated, tokenizer, templates: prompts.PromptTemplates) -> int:
@@ -77,7 +78,8 @@ def useful_lemma_count(item: generator.Generated) -> int:
     return sum(score(target, lemma.lean()).relevance >= 4 for lemma in warmstart.lemma_candidates(item.statement))
 
 
-def build(model_dir: pathlib.Path, count: int, samples: int, seed: int, candidates: int = generator.POOL_SIZE) -> dict:
+def build(model_dir: pathlib.Path, count: int, samples: int, seed: int, candidates: int = generator.POOL_SIZE,
+          iteration1_solve_rate: float = 0.15) -> dict:
     """The target-set file (D3k format with the calibration fields), chosen from the first
     `candidates` statements of the pool (a prefix of the pool is the same statements)."""
     start = time.perf_counter()
@@ -92,7 +94,7 @@ def build(model_dir: pathlib.Path, count: int, samples: int, seed: int, candidat
              sum(r > 0 for r in rates), len(rates))
     candidates = [generator.Candidate(item, rate, useful_lemma_count(item) if rate == 0 else 0)
                   for item, rate in zip(pool, rates)]
-    return generator.target_file(generator.select_targets(candidates, count, seed=0))
+    return generator.target_file(generator.select_targets(candidates, count, seed=0, iteration1_solve_rate=iteration1_solve_rate))
 
 
 def main(argv=None) -> None:

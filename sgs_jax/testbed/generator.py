@@ -137,7 +137,7 @@ def generate_one(rng: random.Random, knobs: Knobs, name: str, max_tries: int = 2
 
 
 def generate(knob_list: list[Knobs], count: int, seed: int, prefix: str = "prop",
-             disjunctive_fraction: float | None = None, min_length: int = 2) -> list[Generated]:
+             disjunctive_fraction: float | None = None, min_length: int = 2, max_length: int = MAX_LENGTH) -> list[Generated]:
     """`count` distinct statements, cycling through `knob_list`, reproducible from `seed`.
 
     disjunctive_fraction: when set, the share of statements with a disjunctive conclusion
@@ -152,7 +152,7 @@ def generate(knob_list: list[Knobs], count: int, seed: int, prefix: str = "prop"
         want = None
         if disjunctive_fraction is not None:
             want = disjunctive_count < disjunctive_fraction * (len(out) + 1)
-        item = generate_one(rng, knobs, f"{prefix}_{len(out):04d}", min_length=min_length, disjunctive=want)
+        item = generate_one(rng, knobs, f"{prefix}_{len(out):04d}", min_length=min_length, max_length=max_length, disjunctive=want)
         if item is None:
             continue
         key = (item.statement.hypotheses, item.statement.conclusion)
@@ -188,15 +188,32 @@ POOL_MIX = [
 ]
 POOL_SIZE = 1200
 POOL_SEED = 0
-POOL_MIN_LENGTH = 4  # one- to three-step exercises teach nothing about lemmas
+POOL_MIN_LENGTH = 4  # one- to three-step exercises teach nothing about lemmas: the hard split's floor
+# Two- and three-step statements beside the multi-step pool, a third of its size: what a
+# small base model proves at iteration 1 (the packaged nano base proves 9 of 1,022
+# multi-step candidates), so a target set can start at a 10-20% solve rate.
+REACHABLE_FRACTION = 3
+# Depth-2 knobs: the pool's deeper ones almost never give a proof this short (rejection
+# sampling would take hours).
+REACHABLE_MIX = [
+    Knobs(atoms=3, premises=2, depth=2),
+    Knobs(atoms=3, premises=2, depth=2, distractors=1),
+    Knobs(atoms=4, premises=2, depth=2, distractors=1),
+    Knobs(atoms=4, premises=3, depth=2, distractors=1),
+]
+REACHABLE_SEED_OFFSET = 17  # not 1: the corpus is `DEFAULT_MIX` from seed 1
 CORPUS_DISJUNCTIVE_FRACTION = 0.12  # a little above the targets', so the models know disjunctions
 
 
 def candidate_pool(count: int = POOL_SIZE, seed: int = POOL_SEED) -> list[Generated]:
     """The statements the packaged target set is chosen from (deterministic; the
-    warm-start corpus excludes all of them)."""
-    return generate(POOL_MIX, count, seed, prefix="pool", disjunctive_fraction=TARGET_DISJUNCTIVE_FRACTION,
-                    min_length=POOL_MIN_LENGTH)
+    warm-start corpus excludes all of them): `count` multi-step ones (prefix `pool`),
+    then `count // REACHABLE_FRACTION` of two or three steps (prefix `reach`)."""
+    multi = generate(POOL_MIX, count, seed, prefix="pool", disjunctive_fraction=TARGET_DISJUNCTIVE_FRACTION,
+                     min_length=POOL_MIN_LENGTH)
+    short = generate(REACHABLE_MIX, count // REACHABLE_FRACTION, seed + REACHABLE_SEED_OFFSET, prefix="reach",
+                     disjunctive_fraction=TARGET_DISJUNCTIVE_FRACTION, min_length=2, max_length=POOL_MIN_LENGTH - 1)
+    return multi + short
 
 
 def statement_body(statement: str) -> str:
@@ -242,7 +259,8 @@ def select_targets(candidates: Sequence[Candidate], count: int, seed: int, itera
     useful lemma (within a lemma's reach). Disjunctive conclusions are capped at
     `disjunctive_fraction` of the set. The order interleaves (hard, band) strata evenly,
     so any prefix (`targets.limit`) has about the set's composition. Raises ValueError
-    when the pool cannot fill the set."""
+    when the pool cannot fill the set or its solvable candidates fall short of
+    `iteration1_solve_rate`."""
     rng = random.Random(seed)
     pool = list(candidates)
     rng.shuffle(pool)
@@ -272,6 +290,9 @@ def select_targets(candidates: Sequence[Candidate], count: int, seed: int, itera
             take(c)
     if len(chosen) < count:
         raise ValueError(f"the pool holds only {len(chosen)} suitable candidates for {count} targets")
+    if expected < iteration1_solve_rate * count:
+        raise ValueError(f"the base model's solvable candidates give an expected pass@{k} of {expected / count:.1%} at "
+                         f"iteration 1, below {iteration1_solve_rate:.0%}: a larger pool or a stronger base is needed")
     strata: dict[tuple[bool, str], list[Candidate]] = {}
     for c in chosen:
         strata.setdefault((c.hard, band_of(c.item.difficulty)), []).append(c)

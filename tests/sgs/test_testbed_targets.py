@@ -8,7 +8,8 @@ from sgs_jax.testbed.generator import band_of, candidate_pool
 
 
 def test_build_writes_a_calibrated_target_file(tmp_path, random_checkpoints):
-    data = testbed_targets.build(random_checkpoints / "base", count=4, samples=2, seed=100, candidates=12)
+    data = testbed_targets.build(random_checkpoints / "base", count=4, samples=2, seed=100, candidates=12,
+                                iteration1_solve_rate=0.0)  # a random model solves nothing
     entries = list(data["target_statements"].values())
     assert [e["id"] for e in entries] == [f"prop_{i:04d}" for i in range(4)]
     pool = {" ".join(g.statement.lean().split()[2:]) for g in candidate_pool(12)}

@@ -1,3 +1,4 @@
+import dataclasses
 import random
 import statistics
 
@@ -84,6 +85,13 @@ def test_selection_interleaves_strata(candidates):
 def test_selection_needs_enough_candidates(candidates):
     with pytest.raises(ValueError, match="suitable candidates"):
         select_targets(candidates, 200, seed=0)
+
+
+def test_selection_refuses_a_base_that_solves_too_little(candidates):
+    weak = [dataclasses.replace(c, base_solve_rate=0.0, useful_lemmas=1) if i % 50 else c for i, c in enumerate(candidates)]
+    with pytest.raises(ValueError, match="expected pass@8 of .* below 15%"):
+        select_targets(weak, 40, seed=3)
+    assert len(select_targets(weak, 40, seed=3, iteration1_solve_rate=0.0)) == 40
 
 
 def test_target_file_renames_and_records_the_split(candidates):

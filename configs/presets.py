@@ -14,6 +14,7 @@ PRESETS = ("testbed", "paper")
 
 def testbed(c: ConfigDict) -> None:
     from sgs_jax.sgs.testbed_pretrain import MODELS_DIR, TEMPLATES_DIR
+    from sgs_jax.sgs.testbed_targets import SOLVER_MAX_TOTAL_LEN
 
     c.run.iterations = 10
     c.targets.source = "testbed"
@@ -21,11 +22,9 @@ def testbed(c: ConfigDict) -> None:
     # The packaged stand-ins for the prover and the Guide (python -m sgs_jax.sgs.testbed_pretrain).
     c.model.checkpoint = str(MODELS_DIR / "base")
     c.model.guide_checkpoint = str(MODELS_DIR / "guide")
-    # The caps of the packaged (nano) models and targets. The calibrated target set and the
-    # `small` models that `testbed_targets` / `testbed_pretrain` build take 512 and 128
-    # (testbed_targets.SOLVER_MAX_TOTAL_LEN); they change together with those files.
-    c.sampling.solver_max_total_len = 320
-    c.sampling.conjecturer_max_new_tokens = 96
+    # The cap the packaged target set was calibrated at: its statements' Solver rows fit it.
+    c.sampling.solver_max_total_len = SOLVER_MAX_TOTAL_LEN
+    c.sampling.conjecturer_max_new_tokens = 128
     c.sampling.guide_max_new_tokens = 128
     c.sampling.max_batch = 128
     c.sampling.kv_pool_tokens = 65_536  # 128 slots x 512: every row's worst case fits (no preemption)

@@ -41,7 +41,7 @@ def test_findings_plan_paths_order_and_subsets(tmp_path):
                                       for label in ("sgs", "rl_baseline", "no_guide", "cispo_sgs")]
     assert all(r.workdir == tmp_path / "findings" / r.name for r in runs)
     assert runs[0].config == f"{ROOT / 'configs' / 'sgs.py'}:testbed"
-    assert runs[0].iterations == load_config(f"{ROOT}/configs/sgs.py:testbed").run.iterations
+    assert all(r.iterations == 30 for r in runs)  # the experiment's override of the presets' 10
     subset = ex.plan_runs(experiment, FINDINGS.parent, tmp_path, only=["no_guide"], seeds=[7],
                           extra=["--config.run.iterations=2"])
     assert [(r.name, r.iterations) for r in subset] == [("no_guide_seed7", 2)]

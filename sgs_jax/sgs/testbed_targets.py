@@ -101,7 +101,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=pathlib.Path, default=generator.DEFAULT_PATH)
     ap.add_argument("--model", type=pathlib.Path, default=MODELS_DIR / "base")
-    ap.add_argument("--count", type=int, default=320)
+    ap.add_argument("--count", type=int, default=192)
     ap.add_argument("--samples", type=int, default=16, help="calibration proofs per candidate")
     ap.add_argument("--seed", type=int, default=CALIBRATION_SEED, help="calibration sampling seed (a dev seed)")
     ap.add_argument("--candidates", type=int, default=generator.POOL_SIZE, help="pool statements to calibrate (a prefix)")

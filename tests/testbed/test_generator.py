@@ -108,16 +108,9 @@ def test_target_file_renames_and_records_the_split(candidates):
 # ---- the packaged target set ---------------------------------------------------------------------
 
 
-# The packaged targets.json predates the target builder (no calibration fields, difficulty
-# from unpruned proofs); it is rebuilt with the `small` models (docs/testbed.md). Strict:
-# once the rebuilt file is packaged these pass and the markers must go.
-_UNCALIBRATED = pytest.mark.xfail(strict=True, reason="packaged targets.json not yet rebuilt by sgs_jax.sgs.testbed_targets")
-
-
-@_UNCALIBRATED
 def test_default_target_set_format_and_spread():
     targets = list(load_targets().values())
-    assert len(targets) == 320
+    assert len(targets) == 192
     for e in targets:
         assert set(e) >= {"id", "header", "theorem", "tag", "source", "proofs", "difficulty", "band", "base_solve_rate",
                           "hard", "useful_lemmas"}
@@ -136,7 +129,6 @@ def test_default_target_set_format_and_spread():
     assert abs(sum(e["hard"] for e in targets[:96]) / 96 - hard) <= 0.05  # the testbed preset's prefix
 
 
-@_UNCALIBRATED
 def test_default_targets_difficulty_is_the_pruned_proof_length_and_proofs_check():
     targets = list(load_targets().values())
     for e in random.Random(0).sample(targets, 40):

@@ -36,8 +36,8 @@ HYP_NAMES = tuple(f"h{d}" for d in "₀₁₂₃₄₅₆₇₈₉")
 MAX_LENGTH = 60  # longer proofs do not fit a tiny model's context
 DEFAULT_PATH = pathlib.Path(__file__).resolve().parent / "data" / "targets.json"
 # Difficulty bands (name, lowest, highest pruned proof length), logged per band as
-# `cumulative_solve_rate/band/<name>`; the packaged base model proves most `low`
-# statements and few `high` ones (docs/testbed.md has the measured rates).
+# `cumulative_solve_rate/band/<name>`; of the packaged set the base model proves only
+# `low` statements (docs/testbed.md has the measured composition).
 BANDS = (("low", 0, 8), ("mid", 9, 16), ("high", 17, MAX_LENGTH))
 # D3k's share of statements with a disjunctive conclusion is about 4-8% (method.md §3).
 TARGET_DISJUNCTIVE_FRACTION = 0.06

@@ -8,6 +8,7 @@ weights after the update are bit-identical with and without the shadow Guide, an
 when the same Guide scores are rewarded.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -41,6 +42,9 @@ class ScriptedSampler:
 
     def validate_prompts(self, prompts, params):
         return {}
+
+    def keep_pool(self):
+        return contextlib.nullcontext(self)  # no KV pool to keep
 
     def _text(self, prompt: str, sample: int) -> str:
         if "Score the conjecture" in prompt:

@@ -46,7 +46,7 @@ def test_findings_smoke(tmp_path, random_checkpoints, capsys):
     # The same command again: every run finished with it, so nothing is started.
     assert main(command) == 0
     out = capsys.readouterr().out
-    assert "skipped: sgs_seed1, sgs_seed2, rl_baseline_seed1, rl_baseline_seed2" in out and "start " not in out
+    assert "skipped: sgs_seed1, rl_baseline_seed1, sgs_seed2, rl_baseline_seed2" in out and "start " not in out
 
 
 @pytest.mark.slow

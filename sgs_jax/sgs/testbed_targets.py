@@ -80,8 +80,9 @@ def useful_lemma_count(item: generator.Generated) -> int:
 
 def build(model_dir: pathlib.Path, count: int, samples: int, seed: int, candidates: int = generator.POOL_SIZE,
           iteration1_solve_rate: float = 0.15) -> dict:
-    """The target-set file (D3k format with the calibration fields), chosen from the first
-    `candidates` statements of the pool (a prefix of the pool is the same statements)."""
+    """The target-set file (D3k format with the calibration fields), chosen from
+    `candidate_pool(candidates)`: the first `candidates` multi-step statements and a third as
+    many short ones (each a prefix of the full pool's strata)."""
     start = time.perf_counter()
     seen = {generator.statement_body(r["statement"]) for r in warmstart.load_corpus()}
     # The corpus was built to exclude the pool; this keeps that true whatever changed since.
@@ -104,7 +105,7 @@ def main(argv=None) -> None:
     ap.add_argument("--count", type=int, default=192)
     ap.add_argument("--samples", type=int, default=16, help="calibration proofs per candidate")
     ap.add_argument("--seed", type=int, default=CALIBRATION_SEED, help="calibration sampling seed (a dev seed)")
-    ap.add_argument("--candidates", type=int, default=generator.POOL_SIZE, help="pool statements to calibrate (a prefix)")
+    ap.add_argument("--candidates", type=int, default=generator.POOL_SIZE, help="multi-step pool statements to calibrate (a prefix; a third as many short ones join them)")
     args = ap.parse_args(argv)
     logging.basicConfig(level="INFO")
     data = build(args.model, args.count, args.samples, args.seed, args.candidates)

@@ -60,8 +60,9 @@ def get_config() -> ConfigDict:
 
     c.roles = ConfigDict()
     c.roles.offload_idle = False  # park the weights / optimizer states a phase does not use in pinned host memory
-    c.roles.placement = "shared"  # shared (all roles time-sliced on one mesh) | split (the frozen Guide samples on its own devices, overlapping the Solver's training)
-    c.roles.guide_devices = 0  # split: devices of the Guide's sub-mesh (data x tensor, mesh.tensor wide; the same number from every process); mesh.* lays out the rest. 0 with shared
+    c.roles.placement = "shared"  # shared (all roles time-sliced on one mesh) | split (the Guide and/or the Conjecturer on devices of their own, overlapping the Solver's training)
+    c.roles.guide_devices = 0  # split: devices of the Guide's sub-mesh (data x tensor, mesh.tensor wide; the same number from every process); 0: the Guide shares the Solver's mesh
+    c.roles.conjecturer_devices = 0  # split: devices of the Conjecturer's sub-mesh (its trainer, fsdp x tensor, and its sampler; the same number from every process); 0: it shares the Solver's mesh
 
     c.sgs = ConfigDict()
     c.sgs.use_conjecturer = True  # False = Solver-only RL baselines

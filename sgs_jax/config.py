@@ -53,7 +53,8 @@ _POSITIVE = (
     "solver_train.micro_batch_size", "solver_train.min_bucket", "conjecturer_train.lr", "conjecturer_train.batch_size",
     "conjecturer_train.micro_batch_size", "conjecturer_train.min_bucket", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
 )
-_NON_NEGATIVE = ("targets.limit", "run.log_examples", "run.export_every", "roles.guide_devices")
+_NON_NEGATIVE = ("targets.limit", "run.log_examples", "run.export_every", "roles.guide_devices",
+                 "roles.conjecturer_devices")
 # Fields a resumed run may change with --allow-config-change: they change how long the run
 # goes, how often it saves or exports, what it keeps, how many workers verify and how the
 # sampler pages its KV cache (tokens do not depend on pool or page size), never a result
@@ -298,25 +299,38 @@ def validate(cfg: ConfigDict) -> None:
 
 
 def _check_placement(cfg: ConfigDict) -> None:
-    """`roles.placement` / `roles.guide_devices`, as far as they can be checked without the
-    devices (`sgs.roles.role_meshes` checks the rest: device and process counts, batch splits)."""
+    """`roles.placement` / `roles.guide_devices` / `roles.conjecturer_devices`, as far as they
+    can be checked without the devices (`sgs.roles.role_meshes` checks the rest: device and
+    process counts, batch splits)."""
     r = cfg.roles
+    own = {"guide_devices": r.guide_devices, "conjecturer_devices": r.conjecturer_devices}
     if r.placement == "shared":
-        if r.guide_devices:
-            raise ConfigError(f"roles.guide_devices={r.guide_devices} needs roles.placement='split' (shared: every role "
-                              "uses every device); set it to 0 or set roles.placement=split")
+        for field, count in own.items():
+            if count:
+                raise ConfigError(f"roles.{field}={count} needs roles.placement='split' (shared: every role uses every "
+                                  "device); set it to 0 or set roles.placement=split")
         return
-    if not (cfg.sgs.use_guide or cfg.guide.shadow_score):
-        raise ConfigError("roles.placement='split' gives the Guide its own devices, but this experiment samples no Guide "
-                          "(sgs.use_guide and guide.shadow_score are off); use roles.placement=shared")
-    if r.guide_devices <= 0:
-        raise ConfigError("roles.guide_devices must be positive with roles.placement='split' (devices of the Guide's sub-mesh)")
+    if not any(own.values()):
+        raise ConfigError("roles.placement='split' needs roles.guide_devices or roles.conjecturer_devices positive (the "
+                          "devices of the Guide's or the Conjecturer's own sub-mesh)")
+    if r.guide_devices and not (cfg.sgs.use_guide or cfg.guide.shadow_score):
+        raise ConfigError(f"roles.guide_devices={r.guide_devices} gives the Guide its own devices, but this experiment samples "
+                          "no Guide (sgs.use_guide and guide.shadow_score are off); set roles.guide_devices=0")
+    if r.conjecturer_devices:
+        s = cfg.sgs
+        if not s.use_conjecturer:
+            raise ConfigError(f"roles.conjecturer_devices={r.conjecturer_devices} gives the Conjecturer its own devices, but "
+                              "this experiment has no Conjecturer (sgs.use_conjecturer=False); set roles.conjecturer_devices=0")
+        if s.train_conjecturer and cfg.model.parameter_sharing:
+            raise ConfigError(f"roles.conjecturer_devices={r.conjecturer_devices}: with model.parameter_sharing the Conjecturer "
+                              "is the Solver's own weights, so it cannot live on other devices; set roles.conjecturer_devices=0")
     if cfg.mesh.tensor <= 0:
-        raise ConfigError(f"mesh.tensor={cfg.mesh.tensor}: roles.placement='split' needs an explicit tensor size (the Guide's "
-                          "sub-mesh uses it too)")
-    if r.guide_devices % cfg.mesh.tensor:
-        raise ConfigError(f"roles.guide_devices={r.guide_devices} must be a multiple of mesh.tensor={cfg.mesh.tensor} "
-                          "(the Guide's sub-mesh is data x tensor)")
+        raise ConfigError(f"mesh.tensor={cfg.mesh.tensor}: roles.placement='split' needs an explicit tensor size (the "
+                          "sub-meshes use it too)")
+    for field, count in own.items():
+        if count % cfg.mesh.tensor:
+            raise ConfigError(f"roles.{field}={count} must be a multiple of mesh.tensor={cfg.mesh.tensor} (a sub-mesh is "
+                              "mesh.tensor devices wide)")
 
 
 def _plain(cfg: ConfigDict | Mapping) -> dict:

@@ -10,7 +10,9 @@ Guide, KV pool), and whether the busiest phase fits a device's HBM:
   sgs-plan --roles --config configs/sgs.py:paper --fsdp 8 --hbm-gib 95
   sgs-plan --roles --config configs/sgs.py:paper --config.roles.offload_idle=true --hbm-gib 95
   sgs-plan --roles --config configs/sgs.py:paper --config.roles.placement=split --config.roles.guide_devices=4 \
-      --fsdp 12 --hbm-gib 95      # split: --data/--fsdp/--tensor lay out the trainers' sub-mesh; each sub-mesh's own peak
+      --fsdp 12 --hbm-gib 95      # split: --data/--fsdp/--tensor lay out the Solver's sub-mesh; each sub-mesh's own peak
+  sgs-plan --roles --config configs/sgs.py:paper --config.roles.placement=split --config.roles.conjecturer_devices=4 \
+      --fsdp 12 --hbm-gib 95      # the Conjecturer's trainer and sampler on 4 devices of their own
 
 Ahead-of-time compile of a run's real programs for a topology you need not have
 (TPU via libtpu's compile-only devices: pip install -e '.[tpu]'; cpu:N simulated devices;
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
 def _roles(args, mesh, hbm) -> int:
     """`--roles`: the config's roles on the mesh, for the --preset / --checkpoint architecture."""
     from sgs_jax.config import ConfigError, load_config
-    from sgs_jax.sgs.roles import guide_memory_plan, guide_mesh_shape, memory_plan
+    from sgs_jax.sgs.roles import memory_plan, own_memory_plans
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -131,17 +133,17 @@ def _roles(args, mesh, hbm) -> int:
           f"  mesh: data={args.data} fsdp={args.fsdp} tensor={args.tensor}")
     print(f"sampling weights: {cfg.sampling.weights_dtype}, {cfg.sampling.weights_layout} layout; keep_inference_weights="
           f"{cfg.sampling.keep_inference_weights}; offload_idle={cfg.roles.offload_idle}")
-    guide = guide_memory_plan(cfg, config)
-    if guide is None:
+    own = own_memory_plans(cfg, config)
+    if not own:
         print(plan.table(hbm))
         return 0
-    data, fsdp, tensor = guide_mesh_shape(cfg)
-    print(f"roles.placement=split: the Guide samples on its own {cfg.roles.guide_devices} devices while the Solver trains; "
-          "each sub-mesh's peak is its own")
-    print(f"\n== trainers' sub-mesh (Solver, Conjecturer): data={args.data} fsdp={args.fsdp} tensor={args.tensor} ==")
+    apart = ", ".join(f"the {role.capitalize()} on {cfg.roles[role + '_devices']} devices" for role in own)
+    print(f"roles.placement=split: {apart} of its own, beside the Solver; each sub-mesh's peak is its own")
+    print(f"\n== Solver's sub-mesh: data={args.data} fsdp={args.fsdp} tensor={args.tensor} ==")
     print(plan.table(hbm))
-    print(f"\n== Guide's sub-mesh: data={data} fsdp={fsdp} tensor={tensor} ==")
-    print(guide.table(hbm))
+    for role, ((data, fsdp, tensor), role_plan) in own.items():
+        print(f"\n== {role.capitalize()}'s sub-mesh: data={data} fsdp={fsdp} tensor={tensor} ==")
+        print(role_plan.table(hbm))
     return 0
 
 

@@ -9,7 +9,7 @@ axis should cross slices or hosts (DCN). `device_grid` uses JAX's `mesh_utils`:
     granule, processes over `data` (else `fsdp`);
   - one process of GPUs: `create_device_mesh` (device-id order).
 `split_devices` divides the devices between two sub-meshes (`roles.placement=split`: the
-frozen Guide's and the trainers'), the same number from every process.
+Guide's or the Conjecturer's and the Solver's), the same number from every process.
 
 Row-major order is used only where no topology exists (simulated CPU devices, one device)
 or where `mesh_utils` cannot place the requested devices (an irregular subset of a slice),

@@ -137,6 +137,18 @@ def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str, pro
     return out
 
 
+def _start_training(stack: contextlib.ExitStack, roles: Roles, role: str, examples: list[SequenceExample],
+                    seed: int) -> tuple[Any, Future | None]:
+    """Enter `role`'s training phase on `stack` and start its epoch over `examples` in a
+    worker thread (`sgs-train-<role>`), for when nothing that runs meanwhile uses its
+    devices; returns (its trainer or None, the running epoch or None)."""
+    trainer = stack.enter_context(roles.training(role))
+    if trainer is None or not examples:
+        return trainer, None
+    worker = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix=f"sgs-train-{role}"))
+    return trainer, worker.submit(trainer.train_epoch, examples, seed=seed)
+
+
 def run_iteration(
     iteration: int,
     ctx: PhaseContext,
@@ -157,7 +169,7 @@ def run_iteration(
         with phase(ctx.progress, "conjecture", len(unsolved) * settings.conjectures_per_target, "samples"), \
                 roles.rollout_weights(CONJECTURER) as weights:
             conj = conjecture_phase(
-                ctx, weights, unsolved, [t.statement for t in target_set.targets],
+                ctx.for_role(CONJECTURER), weights, unsolved, [t.statement for t in target_set.targets],
                 settings.conjectures_per_target, settings.condition_on_target,
                 settings.conjecturer_max_new_tokens, phase_seed(seed, iteration, "conjecture"),
             )
@@ -198,20 +210,18 @@ def run_iteration(
     # 8: Solver data (before step 7: it does not depend on the Guide, so under split the
     # Solver trains while the Guide scores)
     solver_samples, solver_examples = _solver_data(settings, proved, new_proofs, ei_buffer)
-    solver_seed = seed + iteration
+    solver_seed, conj_seed = seed + iteration, seed + iteration + 1
     # 7: Conjecturer rewards (p70 rule, Guide scores, product, min-max), with the Solver's
     # update running meanwhile on its own devices when the Guide has a sub-mesh of its own
     conj_rates = rates[num_targets:]
     conj_examples: list[SequenceExample] = []
     guide_replies: list[str | None] = [None] * len(kept)  # for the logged examples
-    overlap = roles.on_own_mesh(GUIDE) and not roles.shared
+    solver_beside_guide = roles.on_own_mesh(GUIDE) and not roles.shared
+    conjecturer_apart = roles.on_own_mesh(CONJECTURER) and settings.train_conjecturer
     with contextlib.ExitStack() as overlapped:
         solver_run = None
-        if overlap:
-            solver = overlapped.enter_context(roles.training(SOLVER))
-            if solver is not None and solver_examples:
-                worker = overlapped.enter_context(ThreadPoolExecutor(1, thread_name_prefix="sgs-train-solver"))
-                solver_run = worker.submit(solver.train_epoch, solver_examples, seed=solver_seed)
+        if solver_beside_guide:
+            solver, solver_run = _start_training(overlapped, roles, SOLVER, solver_examples, solver_seed)
         if conj is not None and kept:
             keep_idx = rewards.kept_conjectures(conj_rates, settings.keep_quantile)
             guide_scores = None
@@ -231,19 +241,25 @@ def run_iteration(
             conj_rewards = rewards.conjecturer_rewards(conj_rates, guide_scores, settings.keep_quantile)
             conj_samples = rewards.conjecturer_samples(conj.rollouts, conj_rewards, settings.conjecturer_max_new_tokens)
             conj_examples = [SequenceExample.from_training_sample(conj.prompt_ids[s.rollout.problem_id], s) for s in conj_samples]
-        if overlap:  # waits for the worker here, so metrics and fault points come in the sequential order
+        # 9: updates (one epoch each; a shared model trains on both sets at once). A
+        # Conjecturer on its own devices trains in a worker beside the Solver's epoch; results
+        # are taken in the sequential order, so metrics and fault points come in that order.
+        conj_run = None
+        if conjecturer_apart:
+            conjecturer, conj_run = _start_training(overlapped, roles, CONJECTURER, conj_examples, conj_seed)
+        if solver_beside_guide:
             out.update(_train(solver, solver_examples, solver_seed, "solver", ctx.progress, running=solver_run))
-    # 9: updates (one epoch each; a shared model trains on both sets at once)
-    if roles.shared:
-        with roles.training(SOLVER) as trainer:
-            out.update(_train(trainer, solver_examples + conj_examples, solver_seed, "solver", ctx.progress))
-    else:
-        if not overlap:
+        elif roles.shared:
+            with roles.training(SOLVER) as trainer:
+                out.update(_train(trainer, solver_examples + conj_examples, solver_seed, "solver", ctx.progress))
+        else:
             with roles.training(SOLVER) as trainer:
                 out.update(_train(trainer, solver_examples, solver_seed, "solver", ctx.progress))
-        if settings.train_conjecturer:
-            with roles.training(CONJECTURER) as trainer:
-                out.update(_train(trainer, conj_examples, seed + iteration + 1, "conjecturer", ctx.progress))
+        if conjecturer_apart:
+            out.update(_train(conjecturer, conj_examples, conj_seed, "conjecturer", ctx.progress, running=conj_run))
+    if settings.train_conjecturer and not roles.shared and not conjecturer_apart:
+        with roles.training(CONJECTURER) as trainer:
+            out.update(_train(trainer, conj_examples, conj_seed, "conjecturer", ctx.progress))
     # 10: bookkeeping
     conj_generated = conj.generated if conj else 0
     out[M.ITERATION_SOLVE_RATE] = sum(r > 0 for r in rates[:num_targets]) / len(target_set)

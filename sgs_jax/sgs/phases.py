@@ -29,9 +29,9 @@ from sgs_jax.verify import Status, Verifier, VerifyRequest
 class PhaseContext:
     """What every phase needs: the sampler, tokenizer, verifier and settings.
 
-    sampler: the trainers' mesh's Sampler (every role's under roles.placement=shared).
+    sampler: the Solver's mesh's Sampler (every role's under roles.placement=shared).
     role_samplers: role name -> the Sampler of a role on a sub-mesh of its own (the Guide
-    under split; a Sampler's programs are compiled for one mesh); `for_role` picks.
+    or the Conjecturer under split; a Sampler's programs are compiled for one mesh); `for_role` picks.
     """
 
     sampler: Sampler

@@ -17,8 +17,9 @@ Programs (each one execution):
 The sampling programs take the weights in the form a run samples with
 (`sampling.weights_dtype`, `sampling.weights_layout`) and the config's KV pool
 (`sampling.kv_pool_tokens`, `sampling.page_size`). Under `roles.placement=split` the
-programs are those of the trainers' sub-mesh (the topology's devices less the Guide's,
-as `roles.role_meshes` takes them); the Guide's own sampler is not compiled here.
+programs are those of the Solver's sub-mesh (the topology's devices less the Guide's and
+the Conjecturer's, as `roles.role_meshes` takes them); the sub-meshes' own programs are
+not compiled here.
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ from sgs_jax.models.build import abstract_model
 from sgs_jax.models.config import ModelConfig, preset
 from sgs_jax.parallel.aot import GIB, ProgramReport, Topology, compile_timed, report
 from sgs_jax.parallel.memory import kv_bytes
-from sgs_jax.parallel.mesh import mesh_and_order, split_devices
+from sgs_jax.parallel.mesh import mesh_and_order
 from sgs_jax.parallel.rules import layout_rules, replicated_parameters
 from sgs_jax.rl.train_step import TrainConfig, programs_for
 from sgs_jax.sampling import Sampler
 from sgs_jax.sampling.scheduler import pages_for, work_bucket
 from sgs_jax.sampling.shapes import DEFAULT_PROMPT_BUCKETS, bucket_for
-from sgs_jax.sgs.roles import SPLIT, train_config, training_lengths
+from sgs_jax.sgs.roles import (SOLVER, SPLIT, conjecturer_mesh_shape, guide_mesh_shape, split_role_devices, train_config,
+                               training_lengths)
 
 PROGRAMS = ("train", "apply", "prefill", "decode")
 DEFAULT_PRESET = "deepseek-prover-v2-7b"
@@ -111,11 +113,11 @@ def held_besides_training(cfg, params_bytes: float, opt_bytes: float) -> dict[st
     s = cfg.sgs
     held = {"Solver Adam state": opt_bytes}
     shared = cfg.model.parameter_sharing and s.use_conjecturer and s.train_conjecturer
-    if s.use_conjecturer and not shared:
+    if s.use_conjecturer and not shared and conjecturer_mesh_shape(cfg) is None:  # else on devices of its own
         held["Conjecturer parameters"] = params_bytes
         if s.train_conjecturer:
             held["Conjecturer Adam state"] = opt_bytes
-    if s.use_guide and cfg.roles.placement != SPLIT:  # split: the Guide is on devices of its own
+    if s.use_guide and guide_mesh_shape(cfg) is None:  # else on devices of its own
         held["Guide parameters"] = params_bytes
     return held
 
@@ -146,7 +148,7 @@ def plan_programs(
     if unknown:
         raise ValueError(f"unknown programs {sorted(unknown)}; choose from {PROGRAMS}")
     model_config, source = plan_model_config(cfg, num_layers, preset_name)
-    own = topo.devices if cfg.roles.placement != SPLIT else split_devices(topo.devices, cfg.roles.guide_devices)[0]
+    own = topo.devices if cfg.roles.placement != SPLIT else split_role_devices(cfg, topo.devices)[SOLVER]
     mesh, order = mesh_and_order(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=own)
     mesh_shape = dict(mesh.shape)
     graphdef, abstract = abstract_model(model_config)

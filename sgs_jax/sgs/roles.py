@@ -13,10 +13,12 @@ Conjecturer) hold only that form. With `roles.offload_idle`, the weights and opt
 states a phase does not use wait in pinned host memory.
 
 Placement (`roles.placement`): `shared` time-slices every role on one mesh of all devices;
-`split` gives the frozen Guide a sub-mesh of its own (`roles.guide_devices`, `role_meshes`),
-where it is loaded, sampled (its own `Sampler`) and never offloaded, while the trainers and
-the Solver's and Conjecturer's sampling use the rest; the iteration then runs the Guide
-phase while the Solver trains (`sgs.iteration`).
+`split` gives the frozen Guide (`roles.guide_devices`) and/or the Conjecturer
+(`roles.conjecturer_devices`) a sub-mesh of its own (`role_meshes`), where the role is loaded,
+sampled (its own `Sampler`), trained (the Conjecturer's trainer) and never offloaded, while
+the Solver trains and samples on the rest. The iteration then overlaps what runs on
+different devices (`sgs.iteration`): the Solver trains while the Guide samples, and the
+Conjecturer trains beside the Solver.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class Roles:
     shared: bool = False
     form: RolloutForm = RolloutForm()
     mesh: Mesh | None = None
-    guide_mesh: Mesh | None = None  # the Guide's own sub-mesh (roles.placement=split); None: it shares `mesh`
+    own_meshes: dict[str, Mesh] = dataclasses.field(default_factory=dict)  # role -> its own sub-mesh (split); others share `mesh`
     # role -> (trainer's weights_version when exported, the export)
     _exports: dict[str, tuple[int, nnx.State]] = dataclasses.field(default_factory=dict)
 
@@ -97,9 +99,10 @@ class Roles:
         raise KeyError(f"this run has no {role} weights")
 
     def on_own_mesh(self, role: str) -> bool:
-        """Whether `role` has a sub-mesh of its own (the Guide under split): nothing else
-        lives on its devices, so it stays on device and its phases move nothing else."""
-        return role == GUIDE and self.guide_mesh is not None
+        """Whether `role` has a sub-mesh of its own (split: the Guide, the Conjecturer):
+        nothing else lives on its devices, so it stays on device and its phases move nothing
+        else."""
+        return role in self.own_meshes
 
     def trainable(self) -> dict[str, Trainer]:
         """Role name -> trainer, for checkpoints."""
@@ -144,7 +147,7 @@ class Roles:
         trainer = self.trainable().get(role)
         if trainer is not None:
             self._drop(self._export_key(role))  # a kept copy is stale after this phase: free it now
-            if self.form.offload_idle:
+            if self.form.offload_idle and not self.on_own_mesh(role):
                 self._place(train=trainer)
         yield trainer
 
@@ -177,8 +180,9 @@ class Roles:
         """Device memory for what the phase uses (the sampled role's inference weights, or
         the trained role's weights and optimizer state); pinned host memory for the rest of
         what shares their mesh (a role on its own sub-mesh is left where it is)."""
-        for trainer in self.trainable().values():
-            trainer.to_device() if trainer is train else trainer.to_host()
+        for role, trainer in self.trainable().items():
+            if not self.on_own_mesh(role):
+                trainer.to_device() if trainer is train else trainer.to_host()
         for role, weights in self.frozen.items():
             if not self.on_own_mesh(role):
                 self.frozen[role] = to_memory(weights, DEVICE if role == sample else HOST)
@@ -236,61 +240,98 @@ def training_lengths(cfg) -> tuple[int, int]:
 
 
 def guide_mesh_shape(cfg) -> tuple[int, int, int] | None:
-    """The (data, fsdp, tensor) shape of the Guide's sub-mesh under `roles.placement=split`:
-    `roles.guide_devices / mesh.tensor` rows of `mesh.tensor` devices (the rollout form
-    replicates over data and splits heads over tensor, so an fsdp axis would only
-    replicate); None under shared."""
-    if cfg.roles.placement != SPLIT:
+    """The (data, fsdp, tensor) shape of the Guide's sub-mesh (`roles.guide_devices` under
+    split): `roles.guide_devices / mesh.tensor` rows of `mesh.tensor` devices (the rollout
+    form replicates over data and splits heads over tensor, so an fsdp axis would only
+    replicate); None when the Guide shares the Solver's mesh."""
+    if cfg.roles.placement != SPLIT or not cfg.roles.guide_devices:
         return None
     tensor = cfg.mesh.tensor
     return cfg.roles.guide_devices // tensor, 1, tensor
 
 
+def conjecturer_mesh_shape(cfg) -> tuple[int, int, int] | None:
+    """The (data, fsdp, tensor) shape of the Conjecturer's sub-mesh (`roles.conjecturer_devices`
+    under split): its trainer shards the weights over `roles.conjecturer_devices / mesh.tensor`
+    fsdp devices of `mesh.tensor` each (its sampler splits slots over the same devices);
+    None when it shares the Solver's mesh."""
+    if cfg.roles.placement != SPLIT or not cfg.roles.conjecturer_devices:
+        return None
+    tensor = cfg.mesh.tensor
+    return 1, cfg.roles.conjecturer_devices // tensor, tensor
+
+
 @dataclasses.dataclass(frozen=True)
 class RoleMeshes:
-    """train: the trainers' mesh, where the Solver and Conjecturer also sample (every device
-    under shared, where the Guide samples too). guide: the Guide's sub-mesh (split), or None."""
+    """train: the Solver's mesh, where it trains and samples (every device under shared,
+    where every role lives). guide / conjecturer: that role's own sub-mesh (split), or None
+    when it shares `train`."""
 
     train: Mesh
     guide: Mesh | None = None
+    conjecturer: Mesh | None = None
+
+    def own(self) -> dict[str, Mesh]:
+        """Role -> its own sub-mesh, for the roles that have one."""
+        return {role: mesh for role, mesh in ((GUIDE, self.guide), (CONJECTURER, self.conjecturer)) if mesh is not None}
+
+
+def split_role_devices(cfg, devices) -> dict[str, list]:
+    """Role -> its devices under `roles.placement` (SOLVER: what the sub-meshes leave; the
+    Guide's, then the Conjecturer's, taken as `parallel.mesh.split_devices` takes them: the
+    same number from every process). Raises ConfigError with the numbers."""
+    devices = list(devices)
+    out = {}
+    processes = len({d.process_index for d in devices})
+    for role, field, shape in ((GUIDE, "guide_devices", guide_mesh_shape(cfg)),
+                               (CONJECTURER, "conjecturer_devices", conjecturer_mesh_shape(cfg))):
+        if shape is None:
+            continue
+        count = cfg.roles[field]
+        try:
+            devices, out[role] = split_devices(devices, count)
+        except ValueError as err:
+            raise ConfigError(f"roles.{field}={count} of the {len(devices)} devices left for it: {err}") from None
+        if (count // processes) % shape[2]:
+            raise ConfigError(f"roles.{field}={count}: {count // processes} per process is not a multiple of "
+                              f"mesh.tensor={shape[2]} (a tensor-parallel group stays within one process)")
+    out[SOLVER] = devices
+    return out
 
 
 def role_meshes(cfg, devices=None) -> RoleMeshes:
     """The meshes of `roles.placement` over `devices` (default: every device of every
-    process). Under split the Guide takes `roles.guide_devices` (the same number from each
-    process: `parallel.mesh.split_devices`) and `mesh.*` lays out the rest. Raises
+    process). Under split the Guide and the Conjecturer take their `roles.*_devices`
+    (`split_role_devices`) and `mesh.*` lays out the rest for the Solver. Raises
     ConfigError naming the field, with the numbers, before any work, when the devices
-    cannot be split so or a batch (`sampling.max_batch` on either sub-mesh, a training
-    micro-batch on the trainers') does not split over its sub-mesh's batch axes."""
+    cannot be split so or a batch (`sampling.max_batch` on any sub-mesh, a training
+    micro-batch on its trainer's) does not split over its sub-mesh's batch axes."""
     devices = list(jax.devices() if devices is None else devices)
     if cfg.roles.placement != SPLIT:
         return RoleMeshes(make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices))
-    count = cfg.roles.guide_devices
+    parts = split_role_devices(cfg, devices)
+    fields = " / ".join(f"roles.{f}={cfg.roles[f]}" for f in ("guide_devices", "conjecturer_devices") if cfg.roles[f])
     try:
-        rest, taken = split_devices(devices, count)
+        train = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, parts[SOLVER])
     except ValueError as err:
-        raise ConfigError(f"roles.guide_devices={count} of {len(devices)} devices: {err}") from None
-    data, fsdp, tensor = guide_mesh_shape(cfg)
-    processes = len({d.process_index for d in devices})
-    if (count // processes) % tensor:
-        raise ConfigError(f"roles.guide_devices={count}: {count // processes} per process is not a multiple of "
-                          f"mesh.tensor={tensor} (a tensor-parallel group stays within one process)")
-    try:
-        train = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, rest)
-    except ValueError as err:
-        raise ConfigError(f"mesh.data / mesh.fsdp / mesh.tensor: the trainers' sub-mesh has the {len(rest)} devices "
-                          f"roles.guide_devices={count} leaves: {err}") from None
-    guide = make_mesh(data, fsdp, tensor, taken)
-    batches = [("the Guide's", guide, "sampling.max_batch", cfg.sampling.max_batch),
-               ("the trainers'", train, "sampling.max_batch", cfg.sampling.max_batch)]
-    batches += [("the trainers'", train, f"{role}.micro_batch_size", cfg[role].micro_batch_size)
-                for role in ("solver_train", "conjecturer_train")]
+        raise ConfigError(f"mesh.data / mesh.fsdp / mesh.tensor: the Solver's sub-mesh has the {len(parts[SOLVER])} "
+                          f"devices {fields} leaves: {err}") from None
+    guide = make_mesh(*guide_mesh_shape(cfg), parts[GUIDE]) if GUIDE in parts else None
+    conjecturer = make_mesh(*conjecturer_mesh_shape(cfg), parts[CONJECTURER]) if CONJECTURER in parts else None
+    conj_trainer = conjecturer if conjecturer is not None else train
+    batches = [(f"the {role.capitalize()}'s", mesh, "sampling.max_batch", cfg.sampling.max_batch)
+               for role, mesh in ((GUIDE, guide), (CONJECTURER, conjecturer)) if mesh is not None]
+    batches += [("the Solver's", train, "sampling.max_batch", cfg.sampling.max_batch),
+                ("the Solver's", train, "solver_train.micro_batch_size", cfg.solver_train.micro_batch_size)]
+    if conjecturer_weights(cfg) == CONJECTURER_TRAINED:
+        name = "the Conjecturer's" if conjecturer is not None else "the Solver's"
+        batches.append((name, conj_trainer, "conjecturer_train.micro_batch_size", cfg.conjecturer_train.micro_batch_size))
     for name, mesh, field, rows in batches:
         try:
             check_batch(rows, mesh, field)
         except ValueError as err:
-            raise ConfigError(f"roles.guide_devices={count}, {name} sub-mesh {dict(mesh.shape)}: {err}") from None
-    return RoleMeshes(train, guide)
+            raise ConfigError(f"{fields}, {name} sub-mesh {dict(mesh.shape)}: {err}") from None
+    return RoleMeshes(train, guide, conjecturer)
 
 
 def _kv_pool_tokens(cfg, mesh_shape: tuple[int, int, int]) -> int:
@@ -309,41 +350,56 @@ def _plan(cfg, model_config, mesh_shape, trained, sampling, frozen) -> RolesPlan
 def memory_plan(cfg, model_config, mesh_shape: tuple[int, int, int]) -> RolesPlan:
     """The per-device memory plan of the configured experiment's roles (`parallel.memory.
     plan_roles`) for `model_config` (the architecture in the run's numerics) on a (data,
-    fsdp, tensor) mesh: every role under shared; under split the trainers' sub-mesh (the
-    Guide is on its own: `guide_memory_plan`). The KV pool is the Sampler's
-    (`_kv_pool_tokens`)."""
+    fsdp, tensor) mesh: every role under shared; under split the Solver's sub-mesh and the
+    roles that share it (a role on its own: `own_memory_plans`). The KV pool is the
+    Sampler's (`_kv_pool_tokens`)."""
     s, kind = cfg.sgs, conjecturer_weights(cfg)
+    guide_here = s.use_guide and guide_mesh_shape(cfg) is None
+    conjecturer_here = kind != CONJECTURER_NONE and conjecturer_mesh_shape(cfg) is None
+    return _role_plan(cfg, model_config, mesh_shape, solver=True, conjecturer=conjecturer_here, guide=guide_here)
+
+
+def own_memory_plans(cfg, model_config) -> dict[str, tuple[tuple[int, int, int], RolesPlan]]:
+    """Under split, role -> (its sub-mesh's shape, the per-device plan of that sub-mesh): the
+    Guide's weights in the rollout form and its Sampler's KV pool; the Conjecturer's trainer
+    (weights, Adam state, micro-step) and its sampling. All stay on device (nothing else
+    uses those devices). Empty under shared."""
+    out = {}
+    for role, shape in ((GUIDE, guide_mesh_shape(cfg)), (CONJECTURER, conjecturer_mesh_shape(cfg))):
+        if shape is not None:
+            out[role] = shape, _role_plan(cfg, model_config, shape, solver=False, conjecturer=role == CONJECTURER,
+                                          guide=role == GUIDE)
+    return out
+
+
+def _role_plan(cfg, model_config, mesh_shape, solver: bool, conjecturer: bool, guide: bool) -> RolesPlan:
+    """The plan of the roles a mesh holds: the Solver's trainer and sampling, the
+    Conjecturer in the form `conjecturer_weights` gives it, the Guide's frozen weights."""
+    kind = conjecturer_weights(cfg)
     solver_seq, conj_len = training_lengths(cfg)
-    trained = [RoleTraining("Solver", cfg.solver_train.micro_batch_size, solver_seq)]
-    if kind == CONJECTURER_TRAINED:
+    trained = [RoleTraining("Solver", cfg.solver_train.micro_batch_size, solver_seq)] if solver else []
+    if conjecturer and kind == CONJECTURER_TRAINED:
         trained.append(RoleTraining("Conjecturer", cfg.conjecturer_train.micro_batch_size, conj_len))
-    guide_here = s.use_guide and cfg.roles.placement == SHARED
-    frozen = (["Conjecturer"] if kind == CONJECTURER_FROZEN else []) + (["Guide"] if guide_here else [])
+    frozen = (["Conjecturer"] if conjecturer and kind == CONJECTURER_FROZEN else []) + (["Guide"] if guide else [])
     sampling = []
-    if kind != CONJECTURER_NONE:
+    if conjecturer:
         sampling.append(("Conjecturer", "Solver" if kind == CONJECTURER_SHARED else "Conjecturer"))
-    sampling.append(("Solver", "Solver"))
-    if guide_here:
+    if solver:
+        sampling.append(("Solver", "Solver"))
+    if guide:
         sampling.append(("Guide", "Guide"))
     return _plan(cfg, model_config, mesh_shape, trained, sampling, frozen)
 
 
-def guide_memory_plan(cfg, model_config) -> RolesPlan | None:
-    """Under split, the per-device plan of the Guide's own sub-mesh (`guide_mesh_shape`): its
-    weights in the rollout form and its Sampler's KV pool, both always on device (nothing
-    else uses those devices); None under shared."""
-    shape = guide_mesh_shape(cfg)
-    if shape is None:
-        return None
-    return _plan(cfg, model_config, shape, [], [("Guide", "Guide")], ["Guide"])
-
-
-def build_roles(cfg, base: Llama, guide: nnx.State | None, mesh, guide_mesh: Mesh | None = None) -> Roles:
-    """Trainers (on `mesh`) and frozen weights for the configured experiment, all from
-    `base` (the Guide's weights come ready, in the rollout form, on `guide_mesh` under
-    split, else on `mesh`). Raises ConfigError when
-    `roles.offload_idle` is set and the devices have no pinned host memory."""
+def build_roles(cfg, base: Llama, guide: nnx.State | None, meshes: RoleMeshes, conjecturer_base: Llama | None = None) -> Roles:
+    """Trainers and frozen weights for the configured experiment, all from `base` (on
+    `meshes.train`). The Guide's weights come ready, in the rollout form, on its mesh
+    (`meshes.guide`, else `meshes.train`). A Conjecturer with its own sub-mesh is made from
+    `conjecturer_base`: the base checkpoint loaded straight onto `meshes.conjecturer`
+    (`bootstrap.load_model`). Raises ConfigError when `roles.offload_idle` is set and the
+    devices have no pinned host memory."""
     s = cfg.sgs
+    mesh = meshes.train
     form = RolloutForm.from_config(cfg)
     if form.offload_idle and not supports_host_memory(mesh):
         platform = mesh.devices.flat[0].platform
@@ -353,19 +409,22 @@ def build_roles(cfg, base: Llama, guide: nnx.State | None, mesh, guide_mesh: Mes
     shared = kind == CONJECTURER_SHARED
     if shared and s.solver_objective == "cispo":
         raise ValueError("parameter_sharing with a CISPO Solver is not supported (the Conjecturer's update is weighted NLL)")
+    if (meshes.conjecturer is None) != (conjecturer_base is None):
+        raise ValueError("a Conjecturer on its own sub-mesh needs conjecturer_base on it, and only then")
     solver_seq, conj_len = training_lengths(cfg)
     solver = Trainer(copy_model(base), train_config(cfg.solver_train, s.solver_objective, cfg.cispo, solver_seq), mesh)
     conjecturer = None
     frozen: dict[str, nnx.State] = {}
+    conj_mesh = meshes.conjecturer if meshes.conjecturer is not None else mesh
+    conj_source = conjecturer_base if conjecturer_base is not None else copy_model(base)
     if kind == CONJECTURER_TRAINED:
-        conjecturer = Trainer(
-            copy_model(base),
-            train_config(cfg.conjecturer_train, "reinforce_half", cfg.cispo, conj_len),
-            mesh,
-        )
+        conjecturer = Trainer(conj_source, train_config(cfg.conjecturer_train, "reinforce_half", cfg.cispo, conj_len), conj_mesh)
     elif kind == CONJECTURER_FROZEN:
-        # The base in the rollout form; the base's own (training-form) buffers go with `base`.
-        frozen[CONJECTURER] = cast_and_shard(nnx.state(base), mesh, form.dtype, form.rules)
+        # The base in the rollout form; the training-form buffers go with `conj_source`.
+        frozen[CONJECTURER] = cast_and_shard(nnx.state(conj_source), conj_mesh, form.dtype, form.rules)
     if guide is not None and (s.use_guide or cfg.guide.shadow_score):
         frozen[GUIDE] = guide
-    return Roles(solver, conjecturer, frozen, shared, form, mesh, guide_mesh)
+    own = meshes.own()
+    if kind not in (CONJECTURER_TRAINED, CONJECTURER_FROZEN):
+        own.pop(CONJECTURER, None)
+    return Roles(solver, conjecturer, frozen, shared, form, mesh, own)

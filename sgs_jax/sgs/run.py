@@ -52,7 +52,7 @@ from sgs_jax.sgs.iteration import IterationSettings, run_iteration
 from sgs_jax.sgs.phases import PhaseContext
 from sgs_jax.sgs.progress import RunProgress, iteration_summary, phase
 from sgs_jax.sgs.rewards import ExpertIterationBuffer
-from sgs_jax.sgs.roles import (CONJECTURER_FROZEN, CONJECTURER_NONE, GUIDE, SOLVER, Roles, build_roles, conjecturer_weights,
+from sgs_jax.sgs.roles import (CONJECTURER_FROZEN, CONJECTURER_NONE, SOLVER, Roles, build_roles, conjecturer_weights,
                                 role_meshes)
 from sgs_jax.sgs.saved_roles import export_record, write_export
 from sgs_jax.sgs.stopping import GracefulStop
@@ -110,7 +110,7 @@ class SGSRun:
         except (TypeError, ValueError) as err:
             raise ConfigError(f"verify.options: {err}") from None
         self.verifier = verifier
-        self.meshes = role_meshes(cfg)  # roles.placement: one mesh, or the Guide's sub-mesh and the trainers'
+        self.meshes = role_meshes(cfg)  # roles.placement: one mesh, or the Solver's and the Guide's / Conjecturer's own
         self.mesh = self.meshes.train
         self.tokenizer = bootstrap.load_role_tokenizer(cfg)
         self.target_set = bootstrap.load_target_set(cfg)
@@ -126,9 +126,10 @@ class SGSRun:
         self.checkpointer = RunCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=cfg.run.keep_checkpoints)
         base, guide = bootstrap.initial_models(cfg, self.tokenizer, self.mesh, self.workdir, self.meshes.guide)
         log_replicated_parameters(nnx.state(base), self.mesh, log)
-        self.roles: Roles = build_roles(cfg, base, guide, self.mesh, self.meshes.guide)
+        conj_base = None if self.meshes.conjecturer is None else bootstrap.load_model(cfg, cfg.model.checkpoint, self.meshes.conjecturer)
+        self.roles: Roles = build_roles(cfg, base, guide, self.meshes, conj_base)
         self.sampler = Sampler.from_config(cfg, base.config, self.mesh)
-        role_samplers = {} if self.meshes.guide is None else {GUIDE: Sampler.from_config(cfg, base.config, self.meshes.guide)}
+        role_samplers = {role: Sampler.from_config(cfg, base.config, mesh) for role, mesh in self.roles.own_meshes.items()}
         self.ctx = PhaseContext.from_config(cfg, self.sampler, self.tokenizer, self.verifier, templates, role_samplers)
         self.ctx.progress = self.progress
         resumed = self._resume()

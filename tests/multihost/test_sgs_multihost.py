@@ -164,22 +164,35 @@ def test_killed_process_then_restart_of_all_resumes_exactly(runs, tmp_path):
         np.testing.assert_array_equal(e_double[name], e_resumed[name], err_msg=name)
 
 
-SPLIT = ["--config.roles.placement=split", "--config.roles.guide_devices=4"]
+SPLITS = {
+    # the Guide on 4 devices (the last 2 of each process), the trainers on the other 4
+    "guide": ["--config.roles.placement=split", "--config.roles.guide_devices=4"],
+    # Guide 2, Conjecturer 2 (1 + 1 of each process), Solver 4; 128-token conjectures so
+    # that the Conjecturer trains (in its worker thread, beside the Solver's)
+    "three_ways": ["--config.roles.placement=split", "--config.roles.guide_devices=2", "--config.roles.conjecturer_devices=2",
+                   "--config.sampling.conjecturer_max_new_tokens=128"],
+}
 
 
-def test_split_placement_two_processes_equal_one(tmp_path):
-    """`roles.placement=split` (the Guide on 4 devices: the last 2 of each process; the
-    trainers on the other 4, the Solver training in a worker thread while the Guide samples)
-    as 2 processes x 4 devices equals 1 process x 8: metrics exactly (the trainers' sub-mesh
-    is 4 devices in both, so even the reductions agree; measured), side files exactly."""
+@pytest.mark.parametrize("split", list(SPLITS))
+def test_split_placement_two_processes_equal_one(tmp_path, split):
+    """`roles.placement=split` (each role's sub-mesh takes the same number of devices from
+    every process; the Solver trains in a worker thread while the Guide samples, and a
+    Conjecturer with devices of its own trains in another beside it) as 2 processes x 4
+    devices equals 1 process x 8: metrics exactly (every sub-mesh has the same devices in
+    both, so even the reductions agree; measured), side files exactly."""
+    flags = SPLITS[split]
     cache = tmp_path / "compile_cache"
     single, double = tmp_path / "single", tmp_path / "double"
-    done = subprocess.run([sys.executable, *_train_argv(single, cache), *SPLIT], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, *_train_argv(single, cache), *flags], capture_output=True, text=True,
                           env=process_env(8), cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     launcher = subprocess.run(["bash", str(ROOT / "launch/local_multiprocess.sh"), "-n", "2", "-d", "4", CONFIG,
-                               *_flags(double, cache), *SPLIT], capture_output=True, text=True, timeout=900,
+                               *_flags(double, cache), *flags], capture_output=True, text=True, timeout=900,
                               env={**process_env(4), "PYTHON": sys.executable}, cwd=ROOT)
     assert launcher.returncode == 0, launcher.stderr[-2000:] + log_tail(double / "logs")
     _compare_metrics(single, double, exact=True)
     _side_files_equal(single, double)
+    if split == "three_ways":
+        steps = [r.get("scalars", {}).get("conjecturer/optimizer_steps", 0) for r in _records(double)]
+        assert sum(steps) > 0, steps  # the Conjecturer trained on its own sub-mesh

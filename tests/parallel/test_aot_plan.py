@@ -103,9 +103,10 @@ def test_cpu_plan_of_the_testbed_and_bad_sizes(capsys):
     assert "the KV pool holds 4,096" in capsys.readouterr().err
 
 
-def test_split_plan_compiles_the_trainers_sub_mesh():
-    """roles.placement=split: the programs of the 4 devices the Guide leaves of cpu:8, and
-    the Guide is not among what the training phase holds (it is on its own devices)."""
+def test_split_plan_compiles_the_solvers_sub_mesh():
+    """roles.placement=split: the programs of the 4 devices the Guide (or the Guide and the
+    Conjecturer) leave of cpu:8, and a role on its own devices is not among what the
+    Solver's training phase holds."""
     from sgs_jax.sgs.plan import plan_programs
 
     cfg = load_config("configs/sgs.py:testbed", ["--config.roles.placement=split", "--config.roles.guide_devices=4"])
@@ -113,6 +114,13 @@ def test_split_plan_compiles_the_trainers_sub_mesh():
     assert plan.mesh == {"data": 1, "fsdp": 4, "tensor": 1} and "Guide parameters" not in plan.held_besides
     shared = plan_programs(load_config("configs/sgs.py:testbed"), topology("cpu:8"), ("apply",))
     assert shared.mesh["fsdp"] == 8 and "Guide parameters" in shared.held_besides
+    assert "Conjecturer parameters" in plan.held_besides and "Conjecturer Adam state" in shared.held_besides
+    # The Conjecturer on 2 devices of its own as well: the Solver's programs get the other 4.
+    apart = load_config("configs/sgs.py:testbed", ["--config.roles.placement=split", "--config.roles.guide_devices=2",
+                                                   "--config.roles.conjecturer_devices=2"])
+    plan = plan_programs(apart, topology("cpu:8"), ("apply",))
+    assert plan.mesh == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert not {"Guide parameters", "Conjecturer parameters", "Conjecturer Adam state"} & set(plan.held_besides)
 
 
 def test_decode_gathers_no_weights_and_reads_weights_plus_live_kv(reports):

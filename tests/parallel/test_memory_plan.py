@@ -134,12 +134,13 @@ def test_split_plans_each_sub_mesh_with_its_own_roles():
     trainers on fsdp=4: the Guide's devices hold its bf16 weights (replicated) and its own
     Sampler's KV pool (512K tokens over 4 row shards); the trainers' plan is the shared plan
     on fsdp=4 without the Guide."""
-    from sgs_jax.sgs.roles import guide_memory_plan, guide_mesh_shape
+    from sgs_jax.sgs.roles import GUIDE, guide_mesh_shape, own_memory_plans
 
     plan, model, cfg = _paper_plan(*SPLIT, mesh=(1, 4, 1))
     shared, _, _ = _paper_plan(mesh=(1, 4, 1))
     assert guide_mesh_shape(cfg) == (4, 1, 1)
-    guide = guide_memory_plan(cfg, model)
+    (shape, guide), = own_memory_plans(cfg, model).values()
+    assert shape == (4, 1, 1) and list(own_memory_plans(cfg, model)) == [GUIDE]
     n = model.num_params()
     per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2  # keys + values, bf16, all layers
     kv = 524_288 * per_token / 4  # 524,288 / (64-token pages x 4 shards) = 2048 whole pages per shard: no rounding
@@ -151,7 +152,7 @@ def test_split_plans_each_sub_mesh_with_its_own_roles():
     for phase, items in plan.phases:  # each phase: the shared plan's phase less the Guide
         assert items == tuple(i for i in dict(shared.phases)[phase] if i != "Guide weights")
         assert plan.phase_bytes(phase) == shared.phase_bytes(phase) - shared.item_bytes("Guide weights")
-    assert guide_memory_plan(_paper_plan()[2], model) is None  # shared: no sub-mesh of its own
+    assert own_memory_plans(_paper_plan()[2], model) == {}  # shared: no sub-mesh of its own
 
 
 def test_cli_roles_prints_each_sub_mesh_under_split():
@@ -160,7 +161,7 @@ def test_cli_roles_prints_each_sub_mesh_under_split():
         assert plan_cli.main(["--roles", "--config", PAPER, "--fsdp", "4", "--hbm-gib", "95"] + SPLIT) == 0
     text = out.getvalue()
     trainers, guide = text.split("== Guide's sub-mesh: data=4 fsdp=1 tensor=1 ==")
-    assert "== trainers' sub-mesh (Solver, Conjecturer): data=1 fsdp=4 tensor=1 ==" in trainers
+    assert "== Solver's sub-mesh: data=1 fsdp=4 tensor=1 ==" in trainers and "sample: Conjecturer" in trainers
     assert "Guide" not in trainers.split("==")[-1] and "sample: Guide" in guide
     peaks = [line for line in text.splitlines() if line.startswith("peak")]
     assert len(peaks) == 2 and peaks[1].startswith("peak 72.872 GiB per device (sample: Guide) of 95.0 GiB HBM: fits")
@@ -168,3 +169,26 @@ def test_cli_roles_prints_each_sub_mesh_under_split():
     with contextlib.redirect_stdout(shared):
         assert plan_cli.main(["--roles", "--config", PAPER, "--hbm-gib", "95"]) == 0
     assert "sub-mesh" not in shared.getvalue() and len([l for l in shared.getvalue().splitlines() if l.startswith("peak")]) == 1
+
+
+def test_a_conjecturer_sub_mesh_plans_its_trainer_and_sampling_there():
+    """The paper config with the Conjecturer on 8 devices of its own (fsdp=8) and the Solver
+    on fsdp=8: the Conjecturer's devices hold exactly what the shared plan on the same mesh
+    shape gives the Conjecturer (master weights, Adam, accumulator, its micro-step, its
+    inference copy and its Sampler's KV pool), in its two phases; the Solver's plan has no
+    Conjecturer item and no Conjecturer phase."""
+    from sgs_jax.sgs.roles import CONJECTURER, own_memory_plans
+
+    apart = ["--config.roles.placement=split", "--config.roles.conjecturer_devices=8"]
+    plan, model, cfg = _paper_plan(*apart)
+    shared, _, _ = _paper_plan()
+    (shape, conj), = own_memory_plans(cfg, model).values()
+    assert shape == (1, 8, 1) and list(own_memory_plans(cfg, model)) == [CONJECTURER]
+    assert [p for p, _ in conj.phases] == ["sample: Conjecturer", "train: Conjecturer"]
+    for phase, items in conj.phases:  # the shared phase less the other roles' items, each the same size
+        assert items == tuple(i for i in dict(shared.phases)[phase] if "Solver" not in i and "Guide" not in i)
+        assert all(conj.item_bytes(i) == shared.item_bytes(i) for i in items)
+    assert not [name for name, _, _ in plan.rows if "Conjecturer" in name]
+    assert [p for p, _ in plan.phases] == [p for p, _ in shared.phases if "Conjecturer" not in p]
+    assert plan.phase_bytes("train: Solver") == shared.phase_bytes("train: Solver") - sum(
+        shared.item_bytes(f"Conjecturer {item}") for item in ("master weights", "Adam moments"))

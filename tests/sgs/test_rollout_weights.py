@@ -19,7 +19,7 @@ from sgs_jax.parallel.placement import DEVICE, HOST, memory_kinds
 from sgs_jax.rl.train_step import Trainer
 from sgs_jax.sampling import Sampler, SamplingParams
 from sgs_jax.sgs import bootstrap, roles as roles_module
-from sgs_jax.sgs.roles import CONJECTURER, GUIDE, SOLVER, build_roles
+from sgs_jax.sgs.roles import CONJECTURER, GUIDE, SOLVER, RoleMeshes, build_roles
 from sgs_jax.sgs.run import SGSRun
 from tests.rl.train_support import random_examples
 from tests.sgs.run_support import CONFIGS, small_run_overrides
@@ -34,7 +34,7 @@ def _roles(cfg, tmp_path):
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     tokenizer = bootstrap.load_role_tokenizer(cfg)
     base, guide = bootstrap.initial_models(cfg, tokenizer, mesh, str(tmp_path))
-    return build_roles(cfg, base, guide, mesh), mesh
+    return build_roles(cfg, base, guide, RoleMeshes(mesh)), mesh
 
 
 def _leaves(tree):

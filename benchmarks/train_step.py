@@ -55,8 +55,8 @@ def torch_step(model, opt, examples, micro: int) -> None:
         loss_mask = torch.zeros((len(chunk), width - 1))
         weights = torch.tensor([e.weight for e in chunk])
         for row, e in enumerate(chunk):
-            seq = e.prompt_ids + e.completion_ids
-            ids[row, : len(seq)] = torch.tensor(seq)
+            seq = np.concatenate([e.prompt_ids, e.completion_ids])  # the fields are arrays (SequenceExample converts)
+            ids[row, : len(seq)] = torch.from_numpy(seq.astype(np.int64))
             mask[row, : len(seq)] = 1
             loss_mask[row, len(e.prompt_ids) - 1 : len(seq) - 1] = 1
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]

@@ -119,7 +119,7 @@ def main(argv=None) -> int:
 def _roles(args, mesh, hbm) -> int:
     """`--roles`: the config's roles on the mesh, for the --preset / --checkpoint architecture."""
     from sgs_jax.config import ConfigError, load_config
-    from sgs_jax.sgs.roles import memory_plan, own_memory_plans
+    from sgs_jax.sgs.roles import OWN_MESH_FIELDS, memory_plan, own_memory_plans
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -137,7 +137,7 @@ def _roles(args, mesh, hbm) -> int:
     if not own:
         print(plan.table(hbm))
         return 0
-    apart = ", ".join(f"the {role.capitalize()} on {cfg.roles[role + '_devices']} devices" for role in own)
+    apart = ", ".join(f"the {role.capitalize()} on {cfg.roles[OWN_MESH_FIELDS[role]]} devices" for role in own)
     print(f"roles.placement=split: {apart} of its own, beside the Solver; each sub-mesh's peak is its own")
     print(f"\n== Solver's sub-mesh: data={args.data} fsdp={args.fsdp} tensor={args.tensor} ==")
     print(plan.table(hbm))

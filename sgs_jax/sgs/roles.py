@@ -261,6 +261,17 @@ def conjecturer_mesh_shape(cfg) -> tuple[int, int, int] | None:
     return 1, cfg.roles.conjecturer_devices // tensor, tensor
 
 
+# The roles that may have a sub-mesh of their own, with the config field of its device count.
+OWN_MESH_FIELDS = {GUIDE: "guide_devices", CONJECTURER: "conjecturer_devices"}
+
+
+def own_mesh_shapes(cfg) -> dict[str, tuple[int, int, int]]:
+    """Role -> the (data, fsdp, tensor) shape of its own sub-mesh, for the roles that have one
+    (`guide_mesh_shape`, `conjecturer_mesh_shape`); empty under shared."""
+    shapes = {GUIDE: guide_mesh_shape(cfg), CONJECTURER: conjecturer_mesh_shape(cfg)}
+    return {role: shape for role, shape in shapes.items() if shape is not None}
+
+
 @dataclasses.dataclass(frozen=True)
 class RoleMeshes:
     """train: the Solver's mesh, where it trains and samples (every device under shared,
@@ -283,10 +294,8 @@ def split_role_devices(cfg, devices) -> dict[str, list]:
     devices = list(devices)
     out = {}
     processes = len({d.process_index for d in devices})
-    for role, field, shape in ((GUIDE, "guide_devices", guide_mesh_shape(cfg)),
-                               (CONJECTURER, "conjecturer_devices", conjecturer_mesh_shape(cfg))):
-        if shape is None:
-            continue
+    for role, shape in own_mesh_shapes(cfg).items():
+        field = OWN_MESH_FIELDS[role]
         count = cfg.roles[field]
         try:
             devices, out[role] = split_devices(devices, count)
@@ -310,17 +319,17 @@ def role_meshes(cfg, devices=None) -> RoleMeshes:
     if cfg.roles.placement != SPLIT:
         return RoleMeshes(make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices))
     parts = split_role_devices(cfg, devices)
-    fields = " / ".join(f"roles.{f}={cfg.roles[f]}" for f in ("guide_devices", "conjecturer_devices") if cfg.roles[f])
+    shapes = own_mesh_shapes(cfg)
+    fields = " / ".join(f"roles.{OWN_MESH_FIELDS[role]}={cfg.roles[OWN_MESH_FIELDS[role]]}" for role in shapes)
     try:
         train = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, parts[SOLVER])
     except ValueError as err:
         raise ConfigError(f"mesh.data / mesh.fsdp / mesh.tensor: the Solver's sub-mesh has the {len(parts[SOLVER])} "
                           f"devices {fields} leaves: {err}") from None
-    guide = make_mesh(*guide_mesh_shape(cfg), parts[GUIDE]) if GUIDE in parts else None
-    conjecturer = make_mesh(*conjecturer_mesh_shape(cfg), parts[CONJECTURER]) if CONJECTURER in parts else None
+    own = {role: make_mesh(*shape, parts[role]) for role, shape in shapes.items()}
+    guide, conjecturer = own.get(GUIDE), own.get(CONJECTURER)
     conj_trainer = conjecturer if conjecturer is not None else train
-    batches = [(f"the {role.capitalize()}'s", mesh, "sampling.max_batch", cfg.sampling.max_batch)
-               for role, mesh in ((GUIDE, guide), (CONJECTURER, conjecturer)) if mesh is not None]
+    batches = [(f"the {role.capitalize()}'s", mesh, "sampling.max_batch", cfg.sampling.max_batch) for role, mesh in own.items()]
     batches += [("the Solver's", train, "sampling.max_batch", cfg.sampling.max_batch),
                 ("the Solver's", train, "solver_train.micro_batch_size", cfg.solver_train.micro_batch_size)]
     if conjecturer_weights(cfg) == CONJECTURER_TRAINED:
@@ -364,12 +373,9 @@ def own_memory_plans(cfg, model_config) -> dict[str, tuple[tuple[int, int, int],
     Guide's weights in the rollout form and its Sampler's KV pool; the Conjecturer's trainer
     (weights, Adam state, micro-step) and its sampling. All stay on device (nothing else
     uses those devices). Empty under shared."""
-    out = {}
-    for role, shape in ((GUIDE, guide_mesh_shape(cfg)), (CONJECTURER, conjecturer_mesh_shape(cfg))):
-        if shape is not None:
-            out[role] = shape, _role_plan(cfg, model_config, shape, solver=False, conjecturer=role == CONJECTURER,
-                                          guide=role == GUIDE)
-    return out
+    return {role: (shape, _role_plan(cfg, model_config, shape, solver=False, conjecturer=role == CONJECTURER,
+                                     guide=role == GUIDE))
+            for role, shape in own_mesh_shapes(cfg).items()}
 
 
 def _role_plan(cfg, model_config, mesh_shape, solver: bool, conjecturer: bool, guide: bool) -> RolesPlan:
@@ -424,7 +430,4 @@ def build_roles(cfg, base: Llama, guide: nnx.State | None, meshes: RoleMeshes, c
         frozen[CONJECTURER] = cast_and_shard(nnx.state(conj_source), conj_mesh, form.dtype, form.rules)
     if guide is not None and (s.use_guide or cfg.guide.shadow_score):
         frozen[GUIDE] = guide
-    own = meshes.own()
-    if kind not in (CONJECTURER_TRAINED, CONJECTURER_FROZEN):
-        own.pop(CONJECTURER, None)
-    return Roles(solver, conjecturer, frozen, shared, form, mesh, own)
+    return Roles(solver, conjecturer, frozen, shared, form, mesh, meshes.own())

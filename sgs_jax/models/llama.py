@@ -32,7 +32,7 @@ from sgs_jax.models.kv_cache import KVCache
 from sgs_jax.models.paged_attention import paged_decode
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache
 from sgs_jax.models.rope import apply_rope, rope_cos_sin
-from sgs_jax.parallel.rules import constrain
+from sgs_jax.parallel.rules import activation_sharding, constrain, current_mesh
 
 _INIT_STD = 0.02  # transformers' Llama initializer_range
 
@@ -147,6 +147,53 @@ _REMAT_POLICIES = {
 }
 
 
+def _layers_accumulating(layer, layer_params, grad_acc, x):
+    """`layer(params_l, x)` scanned over the stacked `layer_params`, with a backward pass
+    that adds each layer's parameter gradient into `grad_acc` in place.
+
+    Forward: one scan that keeps only each layer's input x_l ([layers, B, T, E], as full
+    remat does). Backward: a reverse scan carrying (dx, grad_acc): layer l is recomputed
+    from x_l, differentiated, and its gradient added into slice l of the carried
+    accumulator, so the accumulator's buffer (donated by the Trainer) is updated in place.
+    The cotangent returned for `layer_params` is `grad_acc + gradient` (that is the point:
+    the caller uses it as the new accumulator); `grad_acc` itself gets a zero cotangent.
+    The enclosing `activation_sharding` is re-entered in the backward pass, which JAX
+    traces after the forward's context has closed."""
+    sharding = current_mesh()
+
+    def under_sharding(fn, *args):
+        if sharding is None:
+            return fn(*args)
+        with activation_sharding(*sharding):
+            return fn(*args)
+
+    @jax.custom_vjp
+    def run(layer_params, grad_acc, x):
+        return forward(layer_params, grad_acc, x)[0]
+
+    def forward(layer_params, grad_acc, x):
+        y, inputs = jax.lax.scan(lambda x, params: (layer(params, x), x), x, layer_params)
+        return y, (layer_params, grad_acc, inputs)
+
+    def backward(residuals, dy):
+        layer_params, grad_acc, inputs = residuals
+
+        def step(carry, index):
+            dx, acc = carry
+            take = lambda a: jax.lax.dynamic_index_in_dim(a, index, keepdims=False)  # noqa: E731
+            _, vjp = jax.vjp(layer, jax.tree_util.tree_map(take, layer_params), inputs[index])
+            grads, dx = vjp(dx)
+            add = lambda a, g: jax.lax.dynamic_update_index_in_dim(a, take(a) + g.astype(a.dtype), index, 0)  # noqa: E731
+            return (dx, jax.tree_util.tree_map(add, acc, grads)), None
+
+        layers = inputs.shape[0]
+        (dx, acc), _ = jax.lax.scan(step, (dy, grad_acc), jnp.arange(layers - 1, -1, -1))
+        return acc, jax.tree_util.tree_map(jnp.zeros_like, grad_acc), dx
+
+    run.defvjp(lambda *args: under_sharding(forward, *args), lambda res, dy: under_sharding(backward, res, dy))
+    return run(layer_params, grad_acc, x)
+
+
 def stacked_layers(config: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
     """A DecoderLayer whose parameters have a leading [num_layers] axis (the layout `Llama`
     scans over). Layers draw from `rngs` one after another, so a seed gives the same
@@ -184,7 +231,8 @@ class Llama(nnx.Module):
         return logits.astype(jnp.float32)
 
     # ---- full forward -------------------------------------------------------------------
-    def hidden_states(self, input_ids, attention_mask=None, positions=None, *, right_padded: bool = False) -> jax.Array:
+    def hidden_states(self, input_ids, attention_mask=None, positions=None, *, right_padded: bool = False,
+                      layer_grad_acc=None) -> jax.Array:
         """Final-normed hidden states [B, T, E] of a causal pass over `input_ids` [B, T].
 
         attention_mask [B, T] (1/True = real token) masks padding keys, left or right;
@@ -196,6 +244,12 @@ class Llama(nnx.Module):
 
         The layers run as one `lax.scan`; `config.remat_policy` rematerialises its body
         (this is the training entry point; the cached path never remats).
+
+        layer_grad_acc (training with `remat_policy="full"` only): a gradient accumulator
+        shaped like the stacked layer parameters (`nnx.state(self.layers)`, any float dtype).
+        Differentiated, the layers' parameters then get `layer_grad_acc + their gradient`,
+        added layer by layer inside the backward scan (`_layers_accumulating`), so no fresh
+        [layers, ...] gradient is ever materialised beside the accumulator.
         """
         b, t = input_ids.shape
         if attention_mask is None:
@@ -211,9 +265,15 @@ class Llama(nnx.Module):
             x, _ = nnx.merge(graphdef, params)(x, cos, sin, mask)
             return x, None
 
+        x = self.embed_tokens(input_ids)
+        if layer_grad_acc is not None:
+            if self.config.remat_policy != "full":
+                raise ValueError(f"layer_grad_acc needs remat_policy='full' (it saves only layer inputs), got {self.config.remat_policy!r}")
+            layer = lambda params, x: body(x, params)[0]  # noqa: E731
+            return self.final_norm(_layers_accumulating(layer, layer_params, layer_grad_acc, x))
         if self.config.remat_policy != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.config.remat_policy], prevent_cse=False)
-        x, _ = jax.lax.scan(body, self.embed_tokens(input_ids), layer_params)
+        x, _ = jax.lax.scan(body, x, layer_params)
         return self.final_norm(x)
 
     def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:

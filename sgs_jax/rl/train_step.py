@@ -123,12 +123,14 @@ class TrainConfig:
 _HOST_FIELDS = ("normalization", "batch_size", "max_seq_len", "min_bucket", "reset_optimizer")
 
 
-def micro_batch_loss(model, batch: MicroBatch, config: TrainConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+def micro_batch_loss(model, batch: MicroBatch, config: TrainConfig, layer_grad_acc=None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The objective's loss on one micro-batch (its share of the whole batch's loss, as
-    `batch.scale` holds the batch-wide normaliser) and its metrics."""
+    `batch.scale` holds the batch-wide normaliser) and its metrics. `layer_grad_acc`: see
+    `Llama.hidden_states` (differentiated, the layers' gradient comes back added to it)."""
     # Micro-batch rows are right-padded (rl.batching), so causal attention alone hides padding.
     logprobs = token_logprobs(
-        model, batch.input_ids, batch.attention_mask, batch.targets, config.logits_chunk, right_padded=True
+        model, batch.input_ids, batch.attention_mask, batch.targets, config.logits_chunk, right_padded=True,
+        layer_grad_acc=layer_grad_acc,
     )
     mask, scale = batch.loss_mask, batch.scale
     if config.objective == "cispo":
@@ -175,6 +177,9 @@ class TrainPrograms:
 
     def __init__(self, graphdef, abstract_params, config: TrainConfig, mesh: Mesh):
         self.graphdef, self.config, self.mesh = graphdef, config, mesh
+        # Full remat saves only layer inputs; the layers' backward can then add into the
+        # accumulator in place (no second [layers, ...] gradient buffer; docs/planning.md).
+        self._accumulate_in_backward = nnx.merge(graphdef, abstract_params).config.remat_policy == "full"
         check_batch(config.micro_batch_size, mesh, "micro_batch_size")
         self.optimizer = make_optimizer(config.optimizer)
         self.param_shardings = state_shardings(abstract_params, mesh)
@@ -221,10 +226,10 @@ class TrainPrograms:
         batch = MicroBatch(rows(jnp.int32), rows(bool), rows(jnp.int32), rows(jnp.float32), rows(jnp.float32), vec, vec)
         return _with_shardings(batch, self.batch_shardings) if shardings else batch
 
-    def _loss(self, params, batch: MicroBatch):
+    def _loss(self, params, batch: MicroBatch, layer_grad_acc=None):
         with activation_sharding(self.mesh):
             model = nnx.merge(self.graphdef, params)
-            loss, metrics = micro_batch_loss(model, batch, self.config)
+            loss, metrics = micro_batch_loss(model, batch, self.config, layer_grad_acc)
         return loss, _metric_sums(loss, metrics)
 
     def _abstract_metric_names(self, abstract_params) -> tuple[str, ...]:
@@ -236,9 +241,20 @@ class TrainPrograms:
         return grads, {k: jnp.zeros((), jnp.float32) for k in self.metric_names}
 
     def _accumulate_fn(self, params, acc, batch: MicroBatch):
-        grads, sums = jax.grad(self._loss, has_aux=True)(params, batch)
         grad_acc, metric_acc = acc
-        grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+        if self._accumulate_in_backward:
+            # Full remat: the layers' backward scan adds into the donated accumulator in place
+            # (`Llama.hidden_states`), so their gradient comes back already summed; the
+            # rest (embeddings, final norm, lm_head) is added here.
+            layer_acc = grad_acc["layers"]
+            grads, sums = jax.grad(lambda p: self._loss(p, batch, layer_acc), has_aux=True)(params)
+            summed_layers = grads["layers"]
+            grads["layers"] = jax.tree_util.tree_map(jnp.zeros_like, summed_layers)
+            grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+            grad_acc["layers"] = summed_layers
+        else:
+            grads, sums = jax.grad(self._loss, has_aux=True)(params, batch)
+            grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
         return grad_acc, {k: metric_acc[k] + sums[k].astype(jnp.float32) for k in metric_acc}
 
     def _apply_fn(self, params, opt_state, acc):

@@ -149,22 +149,24 @@ def test_pallas_kernels_count_their_declared_cost():
     assert without.flops == 0 and without.unestimated_kernels == 1
 
 
-def test_splash_attention_flops_from_shapes_and_block_map():
-    """Splash attention declares no cost estimate: its forward (2 matmuls) and fused
-    backward (5) count 2 T S D per matmul per (batch, head) over the blocks its causal map
-    runs (3 of 2 x 2 here)."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_backward", "split_backward"])
+def test_splash_attention_flops_from_shapes_and_block_map(fused):
+    """Splash attention declares no cost estimate: its forward (2 matmuls) and backward
+    (fused: 5; split into dkv and dq kernels: 4 + 3, S recomputed) count 2 T S D per matmul
+    per (batch, head) over the blocks its causal map runs (3 of 2 x 2 here)."""
     devices = tpu_devices("v5p:2x2x1")
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     one = NamedSharding(Mesh(np.asarray(devices[:1]), ("x",)), P())
     b, h, t, d = 2, 4, 1024, 128
+    dq_blocks = {} if fused else {"block_q_dq": 512, "block_kv_dq": 512}
     sizes = sa.BlockSizes(block_q=512, block_kv=512, block_kv_compute=512, block_q_dkv=512, block_kv_dkv=512,
-                          block_kv_dkv_compute=512, use_fused_bwd_kernel=True)
+                          block_kv_dkv_compute=512, use_fused_bwd_kernel=fused, **dq_blocks)
     kernel = sa.make_splash_mha(sa.MultiHeadMask([sa.CausalMask((t, t))] * h), block_sizes=sizes, head_shards=1, q_seq_shards=1)
     x = jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16)
     grad = jax.grad(lambda q, k, v: jax.vmap(kernel)(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))
     compiled = _compile(grad, x, x, x, in_shardings=one, out_shardings=one)
     cost = analyze_hlo(compiled.as_text(), 1)
-    assert cost.modelled_kernels == 2 and cost.unestimated_kernels == 0
-    kernels = (2 + 5) * 2 * b * h * t * t * d * 3 / 4
+    assert cost.modelled_kernels == (2 if fused else 3) and cost.unestimated_kernels == 0
+    kernels = (2 + (5 if fused else 7)) * 2 * b * h * t * t * d * 3 / 4
     assert cost.flops == pytest.approx(kernels + compiled.cost_analysis()["flops"], rel=1e-3)

@@ -15,6 +15,10 @@ may be shared). Cases:
             (max_total_len, and a pool of slots x that), the calls of one phase (pool
             kept, `Sampler.keep_pool`): should be within 10%; also with the pool
             allocated per call
+  dense     the batch case against a plain dense-cache XLA decode of the same model in
+            the same process (one jitted `lax.fori_loop` of `forward_cached` steps over a
+            160-token cache with `jax.random.categorical`): how much of the Sampler's time
+            is paging, chunking and the host loop rather than the model
   straggler 504 short rows (128 new tokens) through 64 slots, with one long row (1,025
             new tokens) among them vs without it: the short rows' tokens/s should drop
             by at most 10%
@@ -32,6 +36,7 @@ import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
@@ -41,7 +46,7 @@ from timing import best_of
 from sgs_jax.models import load_hf
 from sgs_jax.sampling import Sampler, SamplingParams
 
-CASES = ("batch", "long", "capacity", "straggler")
+CASES = ("batch", "long", "capacity", "straggler", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +125,45 @@ def case_batch(args, hf, model, rng) -> list[str]:
     ref = reference_tokens_per_s(hf, prompts, 8, 128, args.repeats)
     return [f"batch: 8 prompts x k=8 = 64 rows, 32-token prompts, 128 new tokens ({describe(BATCH_MODEL)})",
             row("sgs_jax Sampler", ours), row("transformers generate", ref), row("ratio (ours / reference)", ours / ref, "x")]
+
+
+def dense_tokens_per_s(model, prompts: np.ndarray, k: int, new_tokens: int, repeats: int) -> float:
+    """Tokens/s of a dense-cache decode loop: all rows prefilled at once, then one
+    `forward_cached` step per token inside one jit (no pages, no host loop)."""
+    from flax import nnx
+
+    from sgs_jax.models.kv_cache import KVCache
+
+    graphdef, state = nnx.split(model)
+    ids = jnp.asarray(np.repeat(prompts, k, axis=0), jnp.int32)
+
+    @jax.jit
+    def decode(state, ids, key):
+        m = nnx.merge(graphdef, state)
+        logits, cache = m.forward_cached(ids, KVCache.create(m.config, ids.shape[0], ids.shape[1] + new_tokens))
+        first = jax.random.categorical(key, logits[:, -1])
+
+        def step(_, carry):
+            token, cache, key, checksum = carry
+            key, sub = jax.random.split(key)
+            logits, cache = m.forward_cached(token[:, None], cache)
+            token = jax.random.categorical(sub, logits[:, -1])
+            return token, cache, key, checksum + token.sum()
+
+        return jax.lax.fori_loop(0, new_tokens - 1, step, (first, cache, key, jnp.int32(0)))[3]
+
+    decode(state, ids, jax.random.key(0)).block_until_ready()
+    return ids.shape[0] * new_tokens / best_of(lambda: decode(state, ids, jax.random.key(1)).block_until_ready(), repeats)
+
+
+def case_dense(args, model, rng) -> list[str]:
+    prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab)
+    params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=512, num_samples=8, stop_token_ids=())
+    sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * 512, page_size=args.page_size, chunk_steps=args.chunk_steps)
+    ours = ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
+    dense = dense_tokens_per_s(model, prompts, 8, 128, args.repeats)
+    return ["dense: the batch case against a dense-cache XLA decode loop of the same model",
+            row("sgs_jax Sampler", ours), row("dense-cache fori_loop", dense), row("ratio (ours / dense loop)", ours / dense, "x")]
 
 
 def case_long(args, rng) -> list[str]:
@@ -203,7 +247,7 @@ def main():
     rng = np.random.default_rng(0)
     report([f"CPU cores {os.cpu_count()}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f} at start; "
             f"chunk {args.chunk_steps} steps, pages of {args.page_size} tokens; best of {args.repeats} after a warm-up"])
-    if {"batch", "capacity", "straggler"} & set(args.cases):
+    if {"batch", "capacity", "straggler", "dense"} & set(args.cases):
         with tempfile.TemporaryDirectory() as directory:
             hf = make_checkpoint(BATCH_MODEL, directory)
             model = load_hf(directory)
@@ -213,6 +257,8 @@ def main():
             report(case_capacity(args, model, rng))
         if "straggler" in args.cases:
             report(case_straggler(args, model, rng))
+        if "dense" in args.cases:
+            report(case_dense(args, model, rng))
     if "long" in args.cases:
         report(case_long(args, rng))
     report([f"load average {os.getloadavg()[0]:.1f} at the end"])

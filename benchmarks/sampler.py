@@ -117,11 +117,17 @@ def ours_tokens_per_s(sampler, model, prompts, params, repeats: int, **kwargs) -
     return expected / best_of(run, repeats)
 
 
-def case_batch(args, hf, model, rng) -> list[str]:
+def batch_case_tokens_per_s(args, model, rng) -> tuple[np.ndarray, float]:
+    """The batch case's prompts (8 x 32 tokens) and the Sampler's tokens/s on them (k = 8,
+    128 new tokens, 64 slots)."""
     prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab)
     params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=512, num_samples=8, stop_token_ids=())
     sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * 512, page_size=args.page_size, chunk_steps=args.chunk_steps)
-    ours = ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
+    return prompts, ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
+
+
+def case_batch(args, hf, model, rng) -> list[str]:
+    prompts, ours = batch_case_tokens_per_s(args, model, rng)
     ref = reference_tokens_per_s(hf, prompts, 8, 128, args.repeats)
     return [f"batch: 8 prompts x k=8 = 64 rows, 32-token prompts, 128 new tokens ({describe(BATCH_MODEL)})",
             row("sgs_jax Sampler", ours), row("transformers generate", ref), row("ratio (ours / reference)", ours / ref, "x")]
@@ -157,10 +163,7 @@ def dense_tokens_per_s(model, prompts: np.ndarray, k: int, new_tokens: int, repe
 
 
 def case_dense(args, model, rng) -> list[str]:
-    prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab)
-    params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=512, num_samples=8, stop_token_ids=())
-    sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * 512, page_size=args.page_size, chunk_steps=args.chunk_steps)
-    ours = ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
+    prompts, ours = batch_case_tokens_per_s(args, model, rng)
     dense = dense_tokens_per_s(model, prompts, 8, 128, args.repeats)
     return ["dense: the batch case against a dense-cache XLA decode loop of the same model",
             row("sgs_jax Sampler", ours), row("dense-cache fori_loop", dense), row("ratio (ours / dense loop)", ours / dense, "x")]

@@ -242,19 +242,17 @@ class TrainPrograms:
 
     def _accumulate_fn(self, params, acc, batch: MicroBatch):
         grad_acc, metric_acc = acc
-        if self._accumulate_in_backward:
-            # Full remat: the layers' backward scan adds into the donated accumulator in place
-            # (`Llama.hidden_states`), so their gradient comes back already summed; the
-            # rest (embeddings, final norm, lm_head) is added here.
-            layer_acc = grad_acc["layers"]
-            grads, sums = jax.grad(lambda p: self._loss(p, batch, layer_acc), has_aux=True)(params)
+        # Full remat: the layers' backward scan adds into the donated accumulator in place
+        # (`Llama.hidden_states`), so their gradient comes back already summed; the rest
+        # (embeddings, final norm, lm_head) is added here.
+        layer_acc = grad_acc["layers"] if self._accumulate_in_backward else None
+        grads, sums = jax.grad(self._loss, has_aux=True)(params, batch, layer_acc)
+        if layer_acc is not None:
             summed_layers = grads["layers"]
             grads["layers"] = jax.tree_util.tree_map(jnp.zeros_like, summed_layers)
-            grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+        grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
+        if layer_acc is not None:
             grad_acc["layers"] = summed_layers
-        else:
-            grads, sums = jax.grad(self._loss, has_aux=True)(params, batch)
-            grad_acc = jax.tree_util.tree_map(lambda a, g: a + g.astype(jnp.float32), grad_acc, grads)
         return grad_acc, {k: metric_acc[k] + sums[k].astype(jnp.float32) for k in metric_acc}
 
     def _apply_fn(self, params, opt_state, acc):

@@ -140,3 +140,19 @@ def test_decode_gathers_no_weights_and_reads_weights_plus_live_kv(reports):
     embedding = model.vocab_size * model.hidden_size * 2  # bf16, replicated
     per_step = decode["hbm_bytes"] / 16
     assert weights - embedding + live <= per_step <= 1.3 * (weights + live), per_step / (weights + live)
+
+
+def test_micro_step_keeps_no_bf16_copy_of_the_stacked_weights():
+    """The TPU compiler's bf16 propagation would cast the whole fp32 layer stack to bf16
+    before the forward loop (a second copy of the weights through the step); the micro-step
+    is compiled without it, so the only [layers, ...] weight buffers are the fp32 ones."""
+    cfg = load_config("configs/sgs.py:paper", [])
+    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=tpu_devices("v5p:2x2x2"))
+    model, _ = plan_model_config(cfg, num_layers=3)  # 3: no other buffer has that leading size
+    graphdef, abstract = abstract_model(model)
+    progs = programs_for(graphdef, abstract, solver_train_config(cfg), mesh)
+    hlo = progs.accumulate.lower(progs.abstract_params, progs.abstract_acc, progs.abstract_micro_batch(1024)).compile().as_text()
+    # A chip's shard of the stacked gate projection: [3 layers, 4096 / 8, intermediate]
+    # (with the pass on, the compiled program has 30 bf16 values of that shape).
+    shard = f"3,{model.hidden_size // 8},{model.intermediate_size}]"
+    assert f"f32[{shard}" in hlo and f"bf16[{shard}" not in hlo

@@ -35,7 +35,7 @@ _CHOICES = {
     "targets.source": ("testbed", "file", "hub"),
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
-    "model.remat_policy": ("none", "full", "dots"),
+    "model.remat_policy": ("none", "full", "dots", "offload"),
     "model.attention": ("auto", "xla", "cudnn", "splash"),
     "sampling.weights_dtype": ("float32", "bfloat16"),
     "sampling.weights_layout": ("inference", "training"),

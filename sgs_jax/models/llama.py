@@ -32,7 +32,8 @@ from sgs_jax.models.kv_cache import KVCache
 from sgs_jax.models.paged_attention import paged_decode
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache
 from sgs_jax.models.rope import apply_rope, rope_cos_sin
-from sgs_jax.parallel.rules import activation_sharding, constrain, current_mesh
+from sgs_jax.parallel.placement import DEVICE, HOST
+from sgs_jax.parallel.rules import activation_sharding, constrain, current_mesh, named_sharding
 
 _INIT_STD = 0.02  # transformers' Llama initializer_range
 
@@ -141,13 +142,17 @@ class DecoderLayer(nnx.Module):
         return constrain(x, ("batch", "seq", "act_embed")), cache_kv
 
 
+# The policies under which the layers' backward can add into a passed gradient accumulator.
+ACCUMULATING_REMAT = ("full", "offload")
+
 _REMAT_POLICIES = {
     "full": None,  # save nothing inside a layer
+    "offload": None,  # as full; the accumulating scan keeps the layer inputs in host memory
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
 
-def _layers_accumulating(layer, layer_params, grad_acc, x):
+def _layers_accumulating(layer, layer_params, grad_acc, x, offload_inputs: bool = False):
     """`layer(params_l, x)` scanned over the stacked `layer_params`, with a backward pass
     that adds each layer's parameter gradient into `grad_acc` in place.
 
@@ -158,8 +163,17 @@ def _layers_accumulating(layer, layer_params, grad_acc, x):
     The cotangent returned for `layer_params` is `grad_acc + gradient` (that is the point:
     the caller uses it as the new accumulator); `grad_acc` itself gets a zero cotangent.
     The enclosing `activation_sharding` is re-entered in the backward pass, which JAX
-    traces after the forward's context has closed."""
+    traces after the forward's context has closed. offload_inputs: the saved inputs go to
+    host memory as the forward writes them and come back one layer at a time in the
+    backward (only inside an `activation_sharding`, which gives their layout)."""
     sharding = current_mesh()
+
+    def moved(x, memory_kind):
+        # The saved input of a layer, placed in `memory_kind` with the activations' layout.
+        if not offload_inputs or sharding is None:
+            return x
+        mesh, rules = sharding
+        return jax.device_put(x, named_sharding(mesh, ("batch", "seq", "act_embed"), x.shape, rules).with_memory_kind(memory_kind))
 
     def under_sharding(fn, *args):
         if sharding is None:
@@ -172,7 +186,7 @@ def _layers_accumulating(layer, layer_params, grad_acc, x):
         return forward(layer_params, grad_acc, x)[0]
 
     def forward(layer_params, grad_acc, x):
-        y, inputs = jax.lax.scan(lambda x, params: (layer(params, x), x), x, layer_params)
+        y, inputs = jax.lax.scan(lambda x, params: (layer(params, x), moved(x, HOST)), x, layer_params)
         return y, (layer_params, grad_acc, inputs)
 
     def backward(residuals, dy):
@@ -181,7 +195,7 @@ def _layers_accumulating(layer, layer_params, grad_acc, x):
         def step(carry, index):
             dx, acc = carry
             take = lambda a: jax.lax.dynamic_index_in_dim(a, index, keepdims=False)  # noqa: E731
-            _, vjp = jax.vjp(layer, jax.tree_util.tree_map(take, layer_params), inputs[index])
+            _, vjp = jax.vjp(layer, jax.tree_util.tree_map(take, layer_params), moved(inputs[index], DEVICE))
             grads, dx = vjp(dx)
             add = lambda a, g: jax.lax.dynamic_update_index_in_dim(a, take(a) + g.astype(a.dtype), index, 0)  # noqa: E731
             return (dx, jax.tree_util.tree_map(add, acc, grads)), None
@@ -245,11 +259,13 @@ class Llama(nnx.Module):
         The layers run as one `lax.scan`; `config.remat_policy` rematerialises its body
         (this is the training entry point; the cached path never remats).
 
-        layer_grad_acc (training with `remat_policy="full"` only): a gradient accumulator
+        layer_grad_acc (training with `remat_policy` "full" or "offload" only): a gradient accumulator
         shaped like the stacked layer parameters (`nnx.state(self.layers)`, any float dtype).
         Differentiated, the layers' parameters then get `layer_grad_acc + their gradient`,
         added layer by layer inside the backward scan (`_layers_accumulating`), so no fresh
-        [layers, ...] gradient is ever materialised beside the accumulator.
+        [layers, ...] gradient is ever materialised beside the accumulator. Under "offload"
+        the layer inputs that scan saves for the backward are kept in host memory
+        (`pinned_host`) between the two scans; without a mesh they stay where they are.
         """
         b, t = input_ids.shape
         if attention_mask is None:
@@ -267,10 +283,11 @@ class Llama(nnx.Module):
 
         x = self.embed_tokens(input_ids)
         if layer_grad_acc is not None:
-            if self.config.remat_policy != "full":
-                raise ValueError(f"layer_grad_acc needs remat_policy='full' (it saves only layer inputs), got {self.config.remat_policy!r}")
+            if self.config.remat_policy not in ACCUMULATING_REMAT:
+                raise ValueError(f"layer_grad_acc needs remat_policy in {ACCUMULATING_REMAT} (it saves only layer inputs), got {self.config.remat_policy!r}")
             layer = lambda params, x: body(x, params)[0]  # noqa: E731
-            return self.final_norm(_layers_accumulating(layer, layer_params, layer_grad_acc, x))
+            offload = self.config.remat_policy == "offload"
+            return self.final_norm(_layers_accumulating(layer, layer_params, layer_grad_acc, x, offload))
         if self.config.remat_policy != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.config.remat_policy], prevent_cse=False)
         x, _ = jax.lax.scan(body, x, layer_params)

@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sgs_jax.parallel import activation_sharding, make_mesh, state_shardings
 from sgs_jax.parallel.global_arrays import host_read, to_global
+from sgs_jax.models.llama import ACCUMULATING_REMAT
 from sgs_jax.parallel.placement import DEVICE, HOST, cast_and_shard, to_memory
 from sgs_jax.parallel.rules import batch_spec, check_batch
 from sgs_jax.rl import objectives
@@ -193,7 +194,7 @@ class TrainPrograms:
         self.graphdef, self.config, self.mesh = graphdef, config, mesh
         # Full remat saves only layer inputs; the layers' backward can then add into the
         # accumulator in place (no second [layers, ...] gradient buffer; docs/planning.md).
-        self._accumulate_in_backward = nnx.merge(graphdef, abstract_params).config.remat_policy == "full"
+        self._accumulate_in_backward = nnx.merge(graphdef, abstract_params).config.remat_policy in ACCUMULATING_REMAT
         check_batch(config.micro_batch_size, mesh, "micro_batch_size")
         self.optimizer = make_optimizer(config.optimizer)
         self.param_shardings = state_shardings(abstract_params, mesh)

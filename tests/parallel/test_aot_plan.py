@@ -12,6 +12,7 @@ paper preset still compiles, shards and fits for real hardware, so it runs in CI
 import contextlib
 import io
 import json
+import re
 
 import pytest
 
@@ -142,10 +143,12 @@ def test_decode_gathers_no_weights_and_reads_weights_plus_live_kv(reports):
     assert weights - embedding + live <= per_step <= 1.3 * (weights + live), per_step / (weights + live)
 
 
-def test_micro_step_keeps_no_bf16_copy_of_the_stacked_weights():
+def test_micro_step_keeps_no_bf16_weight_copy_and_its_layer_inputs_on_the_host():
     """The TPU compiler's bf16 propagation would cast the whole fp32 layer stack to bf16
     before the forward loop (a second copy of the weights through the step); the micro-step
-    is compiled without it, so the only [layers, ...] weight buffers are the fp32 ones."""
+    is compiled without it, so the only [layers, ...] weight buffers are the fp32 ones. The
+    preset's `offload` remat keeps the stacked layer inputs in host memory (XLA's memory
+    space 5)."""
     cfg = load_config("configs/sgs.py:paper", [])
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=tpu_devices("v5p:2x2x2"))
     model, _ = plan_model_config(cfg, num_layers=3)  # 3: no other buffer has that leading size
@@ -156,3 +159,5 @@ def test_micro_step_keeps_no_bf16_copy_of_the_stacked_weights():
     # (with the pass on, the compiled program has 30 bf16 values of that shape).
     shard = f"3,{model.hidden_size // 8},{model.intermediate_size}]"
     assert f"f32[{shard}" in hlo and f"bf16[{shard}" not in hlo
+    saved_inputs = re.findall(rf"bf16\[3,1,1024,{model.hidden_size}\]{{[^}}]*}}", hlo)  # [layers, rows per chip, T, E]
+    assert saved_inputs and all(layout.endswith("S(5)}") for layout in saved_inputs)

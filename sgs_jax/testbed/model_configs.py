@@ -13,7 +13,7 @@ SIZES = {
     "nano": (2, 64, 176, 4, 2),
     "micro": (3, 128, 352, 4, 2),
     "mini": (4, 256, 688, 8, 4),
-    "small": (4, 192, 512, 6, 2),  # 2.0M parameters: the packaged base and Guide
+    "small": (4, 192, 512, 6, 2),  # 2.0M parameters: the pair in data/models_small
 }
 
 

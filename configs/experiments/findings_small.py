@@ -12,7 +12,10 @@ were fixed before any seed of this report ran; the development runs (seed 0) are
 docs/testbed.md.
 """
 
-from sgs_jax.experiments import Entry, Experiment
+import dataclasses
+
+from configs.experiments.findings import get_experiment as findings_experiment
+from sgs_jax.experiments import Experiment
 from sgs_jax.sgs.testbed_pretrain import TESTBED_DIR
 
 SMALL_MODELS = TESTBED_DIR / "data" / "models_small"
@@ -20,15 +23,9 @@ SMALL_TARGETS = TESTBED_DIR / "data" / "targets_small.json"
 
 
 def get_experiment() -> Experiment:
-    return Experiment(
+    return dataclasses.replace(
+        findings_experiment(),  # its configs and seeds
         name="findings_small",
-        entries=(
-            Entry("sgs", "../sgs.py:testbed"),  # findings 1-3: the reference
-            Entry("rl_baseline", "../rl_baseline.py:testbed"),  # finding 1
-            Entry("no_guide", "../no_guide.py:testbed"),  # finding 2
-            Entry("cispo_sgs", "../cispo_sgs.py:testbed"),  # finding 3
-        ),
-        seeds=(1, 2, 3),
         overrides={
             "run.iterations": 20,
             "model.checkpoint": str(SMALL_MODELS / "base"),

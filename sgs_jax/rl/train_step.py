@@ -35,9 +35,9 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from sgs_jax.models.llama import ACCUMULATING_REMAT
 from sgs_jax.parallel import activation_sharding, make_mesh, state_shardings
 from sgs_jax.parallel.global_arrays import host_read, to_global
-from sgs_jax.models.llama import ACCUMULATING_REMAT
 from sgs_jax.parallel.placement import DEVICE, HOST, cast_and_shard, to_memory
 from sgs_jax.parallel.rules import batch_spec, check_batch
 from sgs_jax.rl import objectives

@@ -1,11 +1,11 @@
 """`sgs-plan --aot`: the paper preset's real programs compiled deviceless for TPU v5p-8.
 
-The 7B width with 2 layers and 1K-token sequences (the full depth takes minutes: see
+The 7B width with 3 layers and 1K-token sequences (the full depth takes minutes: see
 benchmarks/aot_plan.py). Asserts: the training micro-step and the decode chunk compile;
 no batch row runs on every chip (rows and slots split over the 8 chips, and the per-chip
 FLOPs are an eighth of the work); the gradients are never all-reduced in full; each peak is
 within the per-chip budget sgs-plan prints. Skipped without libtpu (the `tpu` extra).
-The one compile (train + decode) costs about 90 CPU seconds: it is the check that the
+The one compile (train + decode, shared by every test here) costs about 90 CPU seconds: it is the check that the
 paper preset still compiles, shards and fits for real hardware, so it runs in CI.
 """
 
@@ -28,15 +28,23 @@ from sgs_jax.sampling import Sampler
 from sgs_jax.sgs.plan import non_embedding_params, plan_model_config, solver_train_config
 from tests.parallel.tpu_support import tpu_devices
 
-ARGS = ["--aot", "v5p:2x2x2", "--config", "configs/sgs.py:paper", "--num-layers", "2", "--seq-len", "1024"]
+# 3 layers: no buffer of the programs but the layer stacks has that leading size (layers are
+# scanned, so the compile costs no more than with 2).
+LAYERS = 3
+ARGS = ["--aot", "v5p:2x2x2", "--config", "configs/sgs.py:paper", "--num-layers", str(LAYERS), "--seq-len", "1024"]
 
 
 @pytest.fixture(scope="module")
-def reports():
+def hlo_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("hlo")
+
+
+@pytest.fixture(scope="module")
+def reports(hlo_dir):
     tpu_devices("v5p:2x2x2")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):  # sgs-plan itself, as a script would read its --json output
-        assert plan_cli.main(ARGS + ["--programs", "train,decode", "--json"]) == 0
+        assert plan_cli.main(ARGS + ["--programs", "train,decode", "--json", "--hlo-dir", str(hlo_dir)]) == 0
     return {r["name"]: r for r in map(json.loads, out.getvalue().splitlines())}
 
 
@@ -66,7 +74,7 @@ def test_no_batch_replication():
 
 def test_per_chip_work_is_an_eighth_and_gradients_are_reduce_scattered(reports):
     train = reports["train"]
-    model, _ = plan_model_config(load_config("configs/sgs.py:paper", []), num_layers=2)
+    model, _ = plan_model_config(load_config("configs/sgs.py:paper", []), num_layers=LAYERS)
     tokens_per_chip = 8 * 1024 / 8
     # fwd + remat fwd + bwd = 4 passes of 2 N FLOPs per token, plus attention: between 6 N and 12 N.
     assert 6 * non_embedding_params(model) * tokens_per_chip < train["flops"] < 12 * non_embedding_params(model) * tokens_per_chip
@@ -134,7 +142,7 @@ def test_decode_gathers_no_weights_and_reads_weights_plus_live_kv(reports):
     assert decode["collective_bytes"]["all-gather"] == 0
     assert decode["custom_calls"].get("tpu_custom_call") and decode["unestimated_kernel_bytes"] > 0
     cfg = load_config("configs/sgs.py:paper", [])
-    model, _ = plan_model_config(cfg, num_layers=2)
+    model, _ = plan_model_config(cfg, num_layers=LAYERS)
     mesh = tuple(decode["mesh"][a] for a in ("data", "fsdp", "tensor"))  # (1, 8, 1)
     weights, _ = parameter_bytes(model, mesh, cfg.sampling.weights_dtype, layout_rules(cfg.sampling.weights_layout))
     live = kv_bytes(model, mesh, cfg.sampling.max_batch * 2048)
@@ -143,21 +151,17 @@ def test_decode_gathers_no_weights_and_reads_weights_plus_live_kv(reports):
     assert weights - embedding + live <= per_step <= 1.3 * (weights + live), per_step / (weights + live)
 
 
-def test_micro_step_keeps_no_bf16_weight_copy_and_its_layer_inputs_on_the_host():
+def test_micro_step_keeps_no_bf16_weight_copy_and_its_layer_inputs_on_the_host(reports, hlo_dir):
     """The TPU compiler's bf16 propagation would cast the whole fp32 layer stack to bf16
     before the forward loop (a second copy of the weights through the step); the micro-step
     is compiled without it, so the only [layers, ...] weight buffers are the fp32 ones. The
     preset's `offload` remat keeps the stacked layer inputs in host memory (XLA's memory
     space 5)."""
-    cfg = load_config("configs/sgs.py:paper", [])
-    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=tpu_devices("v5p:2x2x2"))
-    model, _ = plan_model_config(cfg, num_layers=3)  # 3: no other buffer has that leading size
-    graphdef, abstract = abstract_model(model)
-    progs = programs_for(graphdef, abstract, solver_train_config(cfg), mesh)
-    hlo = progs.accumulate.lower(progs.abstract_params, progs.abstract_acc, progs.abstract_micro_batch(1024)).compile().as_text()
-    # A chip's shard of the stacked gate projection: [3 layers, 4096 / 8, intermediate]
+    model, _ = plan_model_config(load_config("configs/sgs.py:paper", []), num_layers=LAYERS)
+    hlo = (hlo_dir / "train.hlo.txt").read_text()  # the fixture's micro-step, as compiled
+    # A chip's shard of the stacked gate projection: [layers, 4096 / 8, intermediate]
     # (with the pass on, the compiled program has 30 bf16 values of that shape).
-    shard = f"3,{model.hidden_size // 8},{model.intermediate_size}]"
+    shard = f"{LAYERS},{model.hidden_size // 8},{model.intermediate_size}]"
     assert f"f32[{shard}" in hlo and f"bf16[{shard}" not in hlo
-    saved_inputs = re.findall(rf"bf16\[3,1,1024,{model.hidden_size}\]{{[^}}]*}}", hlo)  # [layers, rows per chip, T, E]
+    saved_inputs = re.findall(rf"bf16\[{LAYERS},1,1024,{model.hidden_size}\]{{[^}}]*}}", hlo)  # [layers, rows per chip, T, E]
     assert saved_inputs and all(layout.endswith("S(5)}") for layout in saved_inputs)

@@ -64,16 +64,13 @@ def test_sharded_step_equals_single_device(single_device, shape):
     assert max(np.abs(a - b).max() for a, b in zip(expected, initial)) > 5e-4  # the update is real
 
 
-@pytest.mark.parametrize("policy", ["full", "offload"])
-def test_full_remat_accumulates_into_the_accumulator_inside_the_backward(single_device, policy):
+def test_full_remat_accumulates_into_the_accumulator_inside_the_backward():
     """Under full remat the layers' backward adds into the accumulator in place
     (`Llama.hidden_states(layer_grad_acc=...)`): from a random non-zero accumulator it gives
-    the accumulator plus the plain gradient, and 4 sharded micro-batches on 2x2x2 give the
-    single-device no-remat update. `offload` is the same with the saved layer inputs in
-    host memory on the mesh (CPU devices have a pinned_host memory too)."""
-    examples, metrics, expected = single_device
+    the accumulator plus the plain gradient."""
+    examples = random_examples(32, 96, seed=5)
     plain = Trainer(create_model(CONFIG, seed=1), _train_config(8))
-    remat = Trainer(create_model(CONFIG.replace(remat_policy=policy), seed=1), _train_config(8))
+    remat = Trainer(create_model(CONFIG.replace(remat_policy="full"), seed=1), _train_config(8))
     assert remat.programs._accumulate_in_backward and not plain.programs._accumulate_in_backward
     batch = remat.micro_batches(examples)[0]
 
@@ -86,9 +83,18 @@ def test_full_remat_accumulates_into_the_accumulator_inside_the_backward(single_
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+
+
+def test_offloaded_remat_on_a_mesh_gives_the_no_remat_update(single_device):
+    """`offload` is full remat (the same in-place accumulation) with the saved layer inputs in
+    host memory (CPU devices have a pinned_host memory too): 4 sharded micro-batches on 2x2x2
+    give the single-device no-remat update."""
+    examples, metrics, expected = single_device
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    sharded = Trainer(create_model(CONFIG.replace(remat_policy=policy), seed=1, mesh=mesh), _train_config(8), mesh)
+    sharded = Trainer(create_model(CONFIG.replace(remat_policy="offload"), seed=1, mesh=mesh), _train_config(8), mesh)
+    assert sharded.programs._accumulate_in_backward
     got_metrics = sharded.step(examples)
+    assert got_metrics["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
     assert got_metrics["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
     for a, b in zip(_params(sharded), expected):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

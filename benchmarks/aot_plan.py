@@ -95,7 +95,7 @@ def main() -> None:
         print(f"{name:<10} {r.peak_bytes / GIB:>9.2f} {r.temp_bytes / GIB:>9.2f} {roles} {topo.budget_bytes / GIB:>7.2f}"
               f" {r.roofline_s:>11.3f} {r.bound:>8} {r.mfu:>6.1%} {r.compile_s:>10.0f} {r.compile_cpu_s:>6.0f}")
         coll = ", ".join(f"{k} {v / GIB:.2f}" for k, v in r.collective_bytes.items() if v)
-        print(f"{'':<10} compute {r.compute_s:.3f} s, HBM {r.memory_s:.3f} s, ICI {r.ici_s:.3f} s; {r.flops / 1e12:.0f} TFLOP/chip (XLA's own count, loop bodies once: {r.xla_flops / 1e12:.0f});"
+        print(f"{'':<10} compute {r.compute_s:.3f} s, HBM {r.memory_s:.3f} s, ICI {r.ici_s:.3f} s, host {r.host_s:.3f} s ({r.host_bytes / GIB:.2f} GiB); {r.flops / 1e12:.0f} TFLOP/chip (XLA's own count, loop bodies once: {r.xla_flops / 1e12:.0f});"
               f" collectives GiB/chip: {coll}; notes: {'; '.join(r.notes) or '-'}")
 
 

@@ -8,9 +8,11 @@ take the GPU's figures for the roofline. `report(compiled, ...)` turns one compi
 into per-device memory, trip-count-weighted FLOPs / HBM bytes / collective bytes
 (`hlo_cost`), a roofline time and whether it fits in HBM.
 
-The roofline is max(compute, HBM, ICI) with each term at its peak rate: a lower bound on
-the step time that assumes perfect overlap. ICI traffic is the ring-algorithm bytes a
-device sends, over the chip's whole bidirectional ICI bandwidth (all links busy).
+The roofline is max(compute, HBM, ICI, host) with each term at its peak rate: a lower bound
+on the step time that assumes perfect overlap. ICI traffic is the ring-algorithm bytes a
+device sends, over the chip's whole bidirectional ICI bandwidth (all links busy). Host
+traffic (what `offload` remat keeps in host memory, out and back) is both directions
+summed over one direction's PCIe bandwidth: an upper bound of its time.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Chip:
     usable_hbm: float
     hbm_bandwidth: float
     ici_bandwidth: float
+    host_bandwidth: float  # host <-> device (PCIe), one direction
     source: str
     devices_per_chip: int = 1
 
@@ -60,21 +63,30 @@ class Chip:
     def device_ici_bandwidth(self) -> float:
         return self.ici_bandwidth / self.devices_per_chip
 
+    @property
+    def device_host_bandwidth(self) -> float:
+        return self.host_bandwidth / self.devices_per_chip
+
+
+# TPU host links: the low end of the 16-32 GB/s PCIe range per chip that
+# jax-ml.github.io/scaling-book gives (it uses 1.5e10 B/s for v6e), for every generation.
+_TPU_PCIE = 15e9
+
 
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("TPU v4", 275e12, 32 * GIB, 15.25 * GIB, 1200e9, 540e9,
+    "v4": Chip("TPU v4", 275e12, 32 * GIB, 15.25 * GIB, 1200e9, 540e9, _TPU_PCIE,
                "cloud.google.com/tpu/docs/v4 (275 TFLOP/s, 32 GiB, 1200 GB/s); ICI: 6 links x 2 x 45 GB/s "
                "(jax-ml.github.io/scaling-book); libtpu presents 2 devices (TensorCores) per chip", devices_per_chip=2),
-    "v5e": Chip("TPU v5e", 197e12, 16 * GIB, 15.75 * GIB, 819e9, 400e9,
+    "v5e": Chip("TPU v5e", 197e12, 16 * GIB, 15.75 * GIB, 819e9, 400e9, _TPU_PCIE,
                 "cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 16 GB HBM2 at 819 GB/s, 400 GB/s bidirectional ICI)"),
-    "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 95.74 * GIB, 2765e9, 1200e9,
+    "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 95.74 * GIB, 2765e9, 1200e9, _TPU_PCIE,
                 "cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16, 95 GiB HBM2e at 2765 GB/s, 1200 GB/s bidirectional ICI)"),
-    "v6e": Chip("TPU v6e", 918e12, 32 * GIB, 31.25 * GIB, 1638e9, 800e9,
+    "v6e": Chip("TPU v6e", 918e12, 32 * GIB, 31.25 * GIB, 1638e9, 800e9, _TPU_PCIE,
                 "cloud.google.com/tpu/docs/v6e (918 TFLOP/s bf16, 32 GB at 1638 GB/s, 800 GB/s bidirectional ICI)"),
-    "h100": Chip("NVIDIA H100 SXM", 989e12, 80e9, 76e9, 3.35e12, 900e9,
-                 "nvidia.com/en-us/data-center/h100 (989 TFLOP/s dense bf16, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s)"),
-    "h200": Chip("NVIDIA H200 SXM", 989e12, 141e9, 134e9, 4.8e12, 900e9,
-                 "nvidia.com/en-us/data-center/h200 (989 TFLOP/s dense bf16, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s)"),
+    "h100": Chip("NVIDIA H100 SXM", 989e12, 80e9, 76e9, 3.35e12, 900e9, 64e9,
+                 "nvidia.com/en-us/data-center/h100 (989 TFLOP/s dense bf16, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; PCIe Gen5 x16, 128 GB/s both ways)"),
+    "h200": Chip("NVIDIA H200 SXM", 989e12, 141e9, 134e9, 4.8e12, 900e9, 64e9,
+                 "nvidia.com/en-us/data-center/h200 (989 TFLOP/s dense bf16, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; PCIe Gen5 x16, 128 GB/s both ways)"),
 }
 _TPU_KINDS = ("v4", "v5e", "v5p", "v6e")
 _CPU_STANDINS = ("cpu", "h100", "h200")
@@ -196,14 +208,16 @@ class ProgramReport:
     custom_calls: dict[str, int]
     notes: tuple[str, ...] = ()
     unestimated_kernel_bytes: float = 0.0  # of hbm_bytes: operands + results of kernels without a cost estimate
+    host_bytes: float = 0.0  # device <-> host memory traffic, both directions (`offload` remat)
+    host_s: float = 0.0  # host_bytes over one direction's host-link bandwidth
 
     @property
     def roofline_s(self) -> float:
-        return max(self.compute_s, self.memory_s, self.ici_s)
+        return max(self.compute_s, self.memory_s, self.ici_s, self.host_s)
 
     @property
     def bound(self) -> str:
-        terms = {"compute": self.compute_s, "HBM": self.memory_s, "ICI": self.ici_s}
+        terms = {"compute": self.compute_s, "HBM": self.memory_s, "ICI": self.ici_s, "host": self.host_s}
         return max(terms, key=terms.get)
 
     @property
@@ -281,6 +295,7 @@ def report(
         ici_s=cost.link_bytes / chip.device_ici_bandwidth, tokens=tokens, useful_flops=useful_flops,
         loops=tuple((t, h, n) for (t, h), n in sorted(loops.items())), custom_calls=dict(cost.custom_calls),
         notes=tuple(extra), unestimated_kernel_bytes=cost.unestimated_kernel_bytes,
+        host_bytes=cost.host_bytes, host_s=cost.host_bytes / chip.device_host_bandwidth,
     )
 
 
@@ -308,7 +323,8 @@ def format_report(r: ProgramReport) -> str:
         f"   per device: {r.flops / 1e12:.2f} TFLOP, HBM {_gib(r.hbm_bytes)} GiB, collectives GiB: {coll or 'none'}"
         f" (link traffic {_gib(r.link_bytes)})",
         f"   roofline {r.roofline_s * 1e3:.1f} ms ({r.bound}-bound: compute {r.compute_s * 1e3:.1f}, HBM {r.memory_s * 1e3:.1f},"
-        f" ICI {r.ici_s * 1e3:.1f} ms)" + (f"  MFU {r.mfu:.1%}" if r.useful_flops else "")
+        f" ICI {r.ici_s * 1e3:.1f}" + (f", host {r.host_s * 1e3:.1f} for {_gib(r.host_bytes)} GiB" if r.host_bytes else "")
+        + " ms)" + (f"  MFU {r.mfu:.1%}" if r.useful_flops else "")
         + (f"  {r.tokens_per_s:,.0f} tokens/s" if r.tokens else "") + f"  compiled in {r.compile_s:.1f} s ({r.compile_cpu_s:.0f} CPU s)",
         f"   loops (count x trips): {loops}; XLA's own count (loop bodies once): {r.xla_flops / 1e12:.2f} TFLOP, {_gib(r.xla_bytes)} GiB",
     ]

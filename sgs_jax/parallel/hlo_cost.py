@@ -12,6 +12,10 @@ walked from the entry computation with each loop body weighted by its trip count
                buffers the compiler placed in on-chip memory (layout `S(n)`, n > 0)
   collectives  result bytes and ring-algorithm link traffic per kind (all-gather,
                reduce-scatter, all-reduce, all-to-all, collective-permute)
+  host_bytes   bytes moved between the device and host memory (layout `S(5)`: what the
+               `offload` remat policy puts there): the slice a dynamic-slice reads from a
+               host buffer, the update a dynamic-update-slice writes into one, and the
+               host-side arrays of any other op (a copy to or from the host)
   kernels      Pallas kernels (custom calls) count the FLOPs and bytes they declare in
                their cost estimate; splash attention (which declares none) counts FLOPs
                from its shapes and block map (`_splash_flops`); other kernels without an
@@ -375,6 +379,33 @@ def _operand_traffic(comps, comp: Computation, ins: Instruction) -> float:
     return total + sum(type_bytes(comp.type_of(op), True) for op in ins.operands)
 
 
+HOST_MEMORY_SPACE = 5  # XLA's memory space of host (pinned) memory on TPU and GPU
+
+
+def _host_array_bytes(type_text: str) -> float:
+    return sum(_DTYPE_BYTES[d] * math.prod(dims) for d, dims, space in shapes(type_text) if space == HOST_MEMORY_SPACE)
+
+
+def _host_traffic(comp: Computation, ins: Instruction) -> float:
+    """Bytes a top-level op moves between the device and host memory (0 for most ops)."""
+    if ins.opcode == "custom-call" and 'custom_call_target="AllocateBuffer"' in ins.attrs:
+        return 0.0  # reserves the host buffer, moves nothing
+    operand_types = [comp.type_of(op) for op in ins.operands]
+    if not (_host_array_bytes(ins.type_text) or any(map(_host_array_bytes, operand_types))):
+        return 0.0
+    base = ins.opcode.removesuffix("-start")
+    if base == "dynamic-update-slice" and len(operand_types) > 1:  # the update goes to the host
+        return type_bytes(operand_types[1])
+    if base == "dynamic-slice":  # the slice comes from the host: the result ([0] of the
+        # async form's (operands, result, context) tuple is the operands)
+        arrays = shapes(ins.type_text)
+        taken = arrays[len(ins.operands)] if ins.opcode.endswith("-start") else arrays[0]
+        return _DTYPE_BYTES[taken[0]] * math.prod(taken[1])
+    if ins.opcode.endswith("-start"):  # (destination, source, context): the host-side one of the pair
+        return _host_array_bytes(ins.type_text)
+    return _host_array_bytes(ins.type_text) + sum(map(_host_array_bytes, operand_types))
+
+
 def _users(comp: Computation) -> dict[str, list[Instruction]]:
     users: dict[str, list[Instruction]] = {}
     for x in comp.instructions.values():
@@ -451,6 +482,7 @@ class HloCost:
     unestimated_kernels: float = 0.0  # Pallas kernel executions without a cost estimate (FLOPs not counted)
     unestimated_kernel_bytes: float = 0.0  # their operand + result bytes (in hbm_bytes: an upper bound of their traffic)
     modelled_kernels: float = 0.0  # splash-attention kernel executions whose FLOPs come from their shapes
+    host_bytes: float = 0.0  # device <-> host memory traffic, both directions (see the module docstring)
 
     @property
     def unknown_loops(self) -> list[Loop]:
@@ -468,6 +500,7 @@ class HloCost:
             "unestimated_kernels": self.unestimated_kernels,
             "unestimated_kernel_bytes": self.unestimated_kernel_bytes,
             "modelled_kernels": self.modelled_kernels,
+            "host_bytes": self.host_bytes,
         }
 
 
@@ -517,6 +550,7 @@ def analyze_hlo(text: str, num_devices: int, keep_largest: int = 8) -> HloCost:
                 cost.hbm_bytes += weight * traffic
                 if op == "custom-call" and estimate is None and name == "tpu_custom_call" and not modelled:
                     cost.unestimated_kernel_bytes += weight * traffic
+                cost.host_bytes += weight * _host_traffic(comp, ins)
             if op == "while":
                 loop = trip_count(comps, comp, ins)
                 cost.loops.append(loop)

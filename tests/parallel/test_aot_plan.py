@@ -156,7 +156,7 @@ def test_micro_step_keeps_no_bf16_weight_copy_and_its_layer_inputs_on_the_host(r
     before the forward loop (a second copy of the weights through the step); the micro-step
     is compiled without it, so the only [layers, ...] weight buffers are the fp32 ones. The
     preset's `offload` remat keeps the stacked layer inputs in host memory (XLA's memory
-    space 5)."""
+    space 5), and the report counts that traffic at the host link's 15 GB/s."""
     model, _ = plan_model_config(load_config("configs/sgs.py:paper", []), num_layers=LAYERS)
     hlo = (hlo_dir / "train.hlo.txt").read_text()  # the fixture's micro-step, as compiled
     # A chip's shard of the stacked gate projection: [layers, 4096 / 8, intermediate]
@@ -165,3 +165,7 @@ def test_micro_step_keeps_no_bf16_weight_copy_and_its_layer_inputs_on_the_host(r
     assert f"f32[{shard}" in hlo and f"bf16[{shard}" not in hlo
     saved_inputs = re.findall(rf"bf16\[{LAYERS},1,1024,{model.hidden_size}\]{{[^}}]*}}", hlo)  # [layers, rows per chip, T, E]
     assert saved_inputs and all(layout.endswith("S(5)}") for layout in saved_inputs)
+    # Each layer's input goes out to the host in the forward and comes back in the backward.
+    train = reports["train"]
+    assert train["host_bytes"] == 2 * LAYERS * 1024 * model.hidden_size * 2
+    assert train["host_s"] == train["host_bytes"] / 15e9 and train["host_s"] < train["roofline_s"]

@@ -170,3 +170,50 @@ def test_splash_attention_flops_from_shapes_and_block_map(fused):
     assert cost.modelled_kernels == (2 if fused else 3) and cost.unestimated_kernels == 0
     kernels = (2 + (5 if fused else 7)) * 2 * b * h * t * t * d * 3 / 4
     assert cost.flops == pytest.approx(kernels + compiled.cost_analysis()["flops"], rel=1e-3)
+
+
+def test_host_offload_traffic_counts_each_slice_out_and_back():
+    """Host memory is layout space S(5): a loop that writes one [1, 8] bf16 row of a host
+    buffer per trip (async dynamic-update-slice) and reads one back (async dynamic-slice),
+    3 trips, plus one synchronous copy of a [4, 8] f32 array in from the host: 3 x 2 x 16 +
+    128 bytes. Reserving the host buffer (AllocateBuffer) moves nothing."""
+    row, buf = "bf16[1,8]{1,0}", "bf16[3,8]{1,0:S(5)}"
+    state = f"(s32[], {buf}, {row})"
+    text = f"""
+HloModule m
+
+%body (p: {state}) -> {state} {{
+  %p = {state} parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %zero = s32[] constant(0)
+  %b = {buf} get-tuple-element(%p), index=1
+  %r = {row} get-tuple-element(%p), index=2
+  %us = (({buf}, {row}, s32[], s32[]), {buf}, u32[]) dynamic-update-slice-start(%b, %r, %i, %zero)
+  %ud = {buf} dynamic-update-slice-done(%us)
+  %ss = (({buf}, s32[], s32[]), {row}, u32[]) dynamic-slice-start(%ud, %i, %zero), dynamic_slice_sizes={{1,8}}
+  %sd = {row} dynamic-slice-done(%ss)
+  ROOT %t = {state} tuple(%next, %ud, %sd)
+}}
+
+%cond (p: {state}) -> pred[] {{
+  %p = {state} parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}}
+
+ENTRY %main (x: {row}, h: f32[4,8]) -> f32[4,8] {{
+  %x = {row} parameter(0)
+  %h = f32[4,8]{{1,0:S(5)}} parameter(1)
+  %alloc = {buf} custom-call(), custom_call_target="AllocateBuffer"
+  %zero = s32[] constant(0)
+  %init = {state} tuple(%zero, %alloc, %x)
+  %w = {state} while(%init), condition=%cond, body=%body
+  ROOT %in = f32[4,8]{{1,0}} copy(%h)
+}}
+"""
+    cost = analyze_hlo(text, 1)
+    assert [(loop.trips, loop.how) for loop in cost.loops] == [(3, "counter")]
+    assert cost.host_bytes == 3 * 2 * (8 * 2) + 4 * 8 * 4

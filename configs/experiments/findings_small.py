@@ -6,8 +6,8 @@ Same four configs and seeds (1-3) as `findings.py`; what changes is the pair and
 set it was calibrated against (both packaged, built as docs/testbed.md "Building the small
 pair" says): `sgs_jax/testbed/data/models_small/{base,guide}` and
 `sgs_jax/testbed/data/targets_small.json` (the first 96 of its 192 targets, as the preset's
-limit). 20 iterations, not 30: an iteration costs about 2.5 times nano's, and 20 keeps the
-experiment near two hours on 2 cores (docs/findings.md). The iteration count and the configs
+limit). 20 iterations, not 30: an iteration costs about 2.5 times nano's (the 12 runs
+take about 3 h 20 min with --jobs 2 on 2 cores; docs/findings.md). The iteration count and the configs
 were fixed before any seed of this report ran; the development runs (seed 0) are in
 docs/testbed.md.
 """

@@ -62,8 +62,9 @@ _NON_NEGATIVE = ("targets.limit", "run.log_examples", "run.export_every", "roles
 SAFE_ON_RESUME = ("run.iterations", "run.checkpoint_every", "run.keep_checkpoints", "run.log_examples",
                   "run.export_every", "run.base_solve_rate", "verify.options.workers",
                   "sampling.kv_pool_tokens", "sampling.page_size")
-# Not part of a run's identity: a run directory may be moved.
-_NOT_COMPARED = ("run.workdir",)
+# Not part of a run's identity: a run directory may be moved, and its compiled programs
+# cached anywhere (the cache key covers the program, so a hit computes the same).
+_NOT_COMPARED = ("run.workdir", "run.compile_cache_dir")
 CONFIG_NAME = "config.json"
 CHANGES_NAME = "config_changes.jsonl"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -5,7 +5,10 @@ An experiment file (`configs/experiments/*.py`) defines `get_experiment()` retur
 Run (label, seed) lives in `ROOT/<experiment>/<label>_seed<seed>/`; the runner gives each
 its own `run.workdir`, `run.seed` and `experiment` = label (so config.json records the
 label and `sgs-report` groups the seeds of an entry). Runs go one after another or as N
-parallel processes, each writing its output to `train.log` in its folder.
+parallel processes, each writing its output to `train.log` in its folder. Unless the
+command sets `run.compile_cache_dir`, the runs share one compilation cache,
+`ROOT/<experiment>/compile_cache`: the entries of an experiment mostly run the same
+programs, so only the first runs compile them.
 
 Rerunning the same command continues: a run that finished with this exact command is
 skipped (its `experiment_run.json` says so); any other run is started again and
@@ -31,6 +34,8 @@ from sgs_jax.config import ConfigError, definition_function, flag_args, load_con
 from sgs_jax.metrics import JSONL_NAME
 
 RUNNER_FIELDS = ("run.workdir", "run.seed", "experiment")  # set by the runner for each run
+CACHE_FIELD = "run.compile_cache_dir"  # the runner's shared default, unless a flag sets it
+CACHE_NAME = "compile_cache"
 RECORD_NAME = "experiment_run.json"  # written into a run folder when its process succeeds
 LOG_NAME = "train.log"  # the run's sgs-train output (appended on every start)
 STOP_GRACE_S = 60.0  # after SIGTERM, how long a run may take to stop before SIGKILL
@@ -153,8 +158,10 @@ def plan_runs(experiment: Experiment, experiment_dir: str | os.PathLike, root: s
             config = str(pathlib.Path(experiment_dir, file).resolve()) + sep + preset
             workdir = pathlib.Path(root, experiment.name, f"{entry.label}_seed{seed}").resolve()
             runner = (("run.workdir", str(workdir)), ("run.seed", int(seed)), ("experiment", entry.label))
-            flags = (*override_args(experiment.overrides), *override_args(entry.overrides), *extra,
-                     *override_args(runner))
+            flags = (*override_args(experiment.overrides), *override_args(entry.overrides), *extra)
+            if CACHE_FIELD not in override_names(flags):
+                runner += ((CACHE_FIELD, str(pathlib.Path(root, experiment.name, CACHE_NAME).resolve())),)
+            flags += tuple(override_args(runner))
             try:
                 cfg = load_config(config, flags)
             except ConfigError as err:

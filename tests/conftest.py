@@ -41,6 +41,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
 
 
+# The directory `tests/sgs/run_support.py` gives every SGS run a test starts (in process or as
+# a subprocess, which inherits the environment) as `run.compile_cache_dir`.
+COMPILE_CACHE_ENV = "SGS_TEST_COMPILE_CACHE"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_compile_cache(tmp_path_factory):
+    """One persistent compilation cache per test worker (a worker runs one test at a time,
+    so no two processes write an entry at once): the SGS loop tests build dozens of runs of
+    the same nano models, whose programs would otherwise be compiled again by each."""
+    directory = tmp_path_factory.getbasetemp() / "compile_cache"
+    os.environ[COMPILE_CACHE_ENV] = str(directory)
+    yield directory
+    os.environ.pop(COMPILE_CACHE_ENV, None)
+
+
 @pytest.fixture
 def d3k_path():
     """Path to the real D3k target set beside the checkout; skips when it is absent."""

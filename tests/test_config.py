@@ -163,13 +163,15 @@ def test_base_without_a_checkpoint_is_rejected():
 
 
 # ---- the recorded config of a run directory ----------------------------------------------
-def test_resume_with_the_same_config_and_a_moved_directory(tmp_path):
+def test_resume_with_the_same_config_a_moved_directory_and_another_cache(tmp_path):
     cfg = load_config(TESTBED, [f"--config.run.workdir={tmp_path / 'a'}"])
     assert check_resume(tmp_path, cfg) == []  # a new run: nothing recorded
     record_config(cfg, tmp_path)
     assert check_resume(tmp_path, cfg) == []
     moved = load_config(TESTBED, [f"--config.run.workdir={tmp_path / 'b'}"])
     assert check_resume(tmp_path, moved) == []  # the directory is not part of the run's identity
+    cached = load_config(TESTBED, [f"--config.run.compile_cache_dir={tmp_path / 'shared'}"])
+    assert check_resume(tmp_path, cached) == []  # nor where its compiled programs are cached
 
 
 def test_every_differing_field_is_named_and_nothing_is_written(tmp_path):

@@ -71,6 +71,9 @@ def test_the_command_gives_sgs_train_exactly_the_planned_config(tmp_path):
     assert (cfg.run.workdir, cfg.run.seed, cfg.experiment) == (str(tmp_path / "exp" / "sgs_seed1"), 1, "sgs")
     assert (cfg.run.iterations, cfg.sampling.temperature, cfg.sgs.use_guide) == (4, 0.5, False)
     assert cfg.prompts.solver == str(prompt)
+    assert cfg.run.compile_cache_dir == str(tmp_path / "exp" / "compile_cache")  # shared by the experiment's runs
+    (own,) = ex.plan_runs(experiment, FINDINGS.parent, tmp_path, extra=["--config.run.compile_cache_dir=off"])
+    assert parse_config_flags(["sgs-train", *ex.train_command(own)[3:]])[0].run.compile_cache_dir == "off"
 
 
 def test_finish_record_and_completed_iterations(tmp_path):

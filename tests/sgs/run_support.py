@@ -25,10 +25,18 @@ def easy_targets_file() -> pathlib.Path:
     return path
 
 
+def shared_compile_cache() -> list[str]:
+    """The flag that points a run at the test worker's compilation cache
+    (`tests/conftest.py:shared_compile_cache`), or none outside pytest."""
+    directory = os.environ.get("SGS_TEST_COMPILE_CACHE")
+    return [f"--config.run.compile_cache_dir={directory}"] if directory else []
+
+
 def small_run_overrides(models, workdir) -> list[str]:
     """`--config.FIELD=VALUE` flags that make a testbed run take seconds: the given nano
-    models, the 6 easiest packaged targets (`easy_targets_file`), k = 2."""
-    return [
+    models, the 6 easiest packaged targets (`easy_targets_file`), k = 2, the test worker's
+    compilation cache."""
+    return shared_compile_cache() + [
         f"--config.run.workdir={workdir}",
         "--config.targets.source=file",
         f"--config.targets.path={easy_targets_file()}",

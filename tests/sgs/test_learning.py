@@ -17,6 +17,7 @@ from sgs_jax.sgs.run import SGSRun
 from sgs_jax.sgs.testbed_pretrain import MODELS_DIR
 from sgs_jax.sgs.types import Problem
 from sgs_jax.testbed.generator import DEFAULT_PATH
+from tests.sgs.run_support import shared_compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,7 +41,7 @@ def test_two_iterations_raise_the_solver_pass_rate(tmp_path):
     cfg = load_config(
         os.path.join(ROOT, "configs/sgs.py:testbed"),
         [f"--config.run.workdir={tmp_path / 'run'}", "--config.targets.source=file", f"--config.targets.path={tmp_path / 'easy.json'}",
-         "--config.targets.limit=24", "--config.run.iterations=2", "--config.sampling.max_batch=64"],
+         "--config.targets.limit=24", "--config.run.iterations=2", "--config.sampling.max_batch=64", *shared_compile_cache()],
     )
     run = SGSRun(cfg)
     try:

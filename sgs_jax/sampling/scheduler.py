@@ -264,7 +264,7 @@ class SlotScheduler:
         per_shard = num_pages.reshape(self.shards, -1).sum(axis=1)
         # Floor: WORK_FLOOR_TOKENS per slot, so rows shorter than that share one work-list
         # shape; above it the list follows the live pages (a 128-token floor cost the CPU
-        # batch benchmark ~10% of its tokens/s for two fewer compiles).
+        # batch benchmark 7-14% of its tokens/s to save up to four work-list shapes).
         floor = min(self.allocator.pages_per_shard, self.slots_per_shard * max(1, WORK_FLOOR_TOKENS // self.page_size))
         work = work_bucket(max(int(per_shard.max(initial=1)), floor))
         kill, self.kill = self.kill, np.zeros(self.num_slots, bool)

@@ -107,7 +107,8 @@ def run(args: argparse.Namespace, progress: TextIO | None) -> int:
         )
     if progress is not None:
         stats = sampler.last_stats
-        summary = f"{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s, decode padding waste {stats.decode_waste:.1%}" if stats else "nothing generated"
+        summary = (f"{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s, decode padding waste {stats.decode_waste:.1%}, "
+                   f"attention page padding {stats.attention_padding:.1%}") if stats else "nothing generated"
         progress.write(f"\n[sgs-generate] {summary}\n")
     errors = sum("error" in r for r in results)
     if errors:

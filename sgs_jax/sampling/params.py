@@ -165,6 +165,10 @@ class GenerationStats:
     positions computed (bucket padding included); prefill_real_tokens: real ones.
     pool_pages / page_size: the KV pool (all shards); peak_pages: most pages held at once;
     preemptions: rows sent back to the queue because the pool was full (recomputed later).
+    held_page_steps: pages the rows held (all shards) x decode steps, summed over chunks;
+    work_page_steps: the same for the gather backend's work list (all shards, padding
+    included; 0 for the Pallas kernels), so attention_padding = the share of the pages that
+    attention visited which no row held (per layer; machine-independent, unlike wall_s).
     """
 
     num_slots: int
@@ -180,10 +184,16 @@ class GenerationStats:
     chunks: int
     preemptions: int
     wall_s: float
+    held_page_steps: int
+    work_page_steps: int
 
     @property
     def decode_waste(self) -> float:
         return 1.0 - self.generated_tokens / self.slot_steps if self.slot_steps else 0.0
+
+    @property
+    def attention_padding(self) -> float:
+        return 1.0 - self.held_page_steps / self.work_page_steps if self.work_page_steps else 0.0
 
     @property
     def tokens_per_s(self) -> float:

@@ -208,7 +208,8 @@ class Sampler:
         keys = row_keys(params.seed, prompt_index, sample_index)
         sampling_args = self._sampling_args(params)
         mode = sampling_mode(params.temperature, params.top_k, params.top_p)
-        counters = dict(decode_steps=0, slot_steps=0, generated_tokens=0, prefill_tokens=0, prefill_real_tokens=0, refills=0, chunks=0)
+        counters = dict(decode_steps=0, slot_steps=0, generated_tokens=0, prefill_tokens=0, prefill_real_tokens=0, refills=0, chunks=0,
+                        held_page_steps=0, work_page_steps=0)
         texts: list[str | None] = [None] * len(prompt_index)
         remaining = np.full(len(prompts), k)
         state = self._start_state(num_slots, pages_per_shard * self.shards)
@@ -235,6 +236,9 @@ class Sampler:
                 counters["decode_steps"] += int(host.steps)
                 counters["slot_steps"] += int(host.steps) * num_slots
                 counters["chunks"] += 1
+                counters["held_page_steps"] += int(host.steps) * int(plan.num_pages.sum())
+                if self.attention_backend == "gather":
+                    counters["work_page_steps"] += int(host.steps) * plan.work_size * self.shards
                 self._finish_rows(sched, finished, tokenizer, texts, remaining, on_prompt_done)
                 if progress is not None:
                     progress(int(sched.finished.sum()), len(prompt_index))

@@ -55,6 +55,19 @@ def test_samples_share_prompt_pages(model, prompts):
     np.testing.assert_allclose(out.entropies[:, 0], entropy(full_logits(model, prompts[2])[-1:]).repeat(8), atol=1e-4)
 
 
+def test_page_counters_bound_the_pages_attention_needs(model, prompts):
+    """One row of P prompt tokens and N new ones: at step t it attends over P + t positions,
+    so it holds at least ceil((P + t) / page) pages; the work list covers what it holds."""
+    s = Sampler(model.config, max_batch=1, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256)
+    n, prompt = 9, prompts[2]
+    s.generate(model, [prompt], SamplingParams(temperature=1.0, max_new_tokens=n, max_total_len=64, seed=1, stop_token_ids=()))
+    stats, p = s.last_stats, len(prompt)
+    assert stats.decode_steps == n
+    needed = sum(-(-(p + t) // 4) for t in range(n))
+    assert needed <= stats.held_page_steps <= n * -(-(p + n) // 4)
+    assert stats.held_page_steps <= stats.work_page_steps and 0.0 <= stats.attention_padding < 1.0
+
+
 def test_completions_are_columnar_and_frozen(model, sampler, prompts):
     out = sampler.generate(model, prompts, PLAIN)
     n = len(prompts) * 3

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sgs_jax.sampling.pages import PageAllocator
-from sgs_jax.sampling.scheduler import PrefillWrite, SlotScheduler
+from sgs_jax.sampling.scheduler import PrefillWrite, SlotScheduler, work_bucket
 
 PAGE = 4
 CHUNK = 2
@@ -88,3 +88,11 @@ def test_groups_stay_on_one_shard_and_a_row_that_cannot_fit_is_refused():
     assert all(isinstance(w, PrefillWrite) for w in refill.writes)
     with pytest.raises(ValueError, match="kv_pool_tokens"):
         make([30], k=1, limit=10, slots=1, pages=8)  # 39 cached tokens: 10 pages > 8
+
+
+def test_work_bucket_has_four_sizes_per_octave_and_pads_at_most_a_fifth():
+    sizes = [work_bucket(e) for e in range(1, 4097)]
+    assert all(b >= e and (b - e) * 5 <= b for e, b in enumerate(sizes, start=1))
+    assert sizes == sorted(sizes)  # monotone: more pages never get a smaller list
+    assert sorted(set(sizes) & set(range(257, 513))) == [320, 384, 448, 512]
+    assert [work_bucket(e) for e in (1, 8, 9, 33, 129)] == [1, 8, 10, 40, 160]

@@ -4,6 +4,7 @@ ratio was printed)."""
 
 import importlib.util
 import pathlib
+import sys
 
 import pytest
 
@@ -13,6 +14,7 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 def _module(name: str):
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -23,4 +25,36 @@ def test_train_step_benchmark_runs_both_sides(capsys):
     _module("train_step").main(["--seq", "32", "--steps", "1", "--repeats", "1", "--batch", "2", "--micro", "1"])
     out = capsys.readouterr().out
     assert "sgs_jax Trainer (JAX, jitted)" in out and "transformers + torch.optim.Adam" in out
-    assert "ratio (ours / reference tokens/s):" in out
+    assert "ratio (ours / reference tokens/s):" in out and "matmul alone, fp32" in out
+
+
+def test_exclusive_op_times_subtract_nested_thunks_per_worker_thread():
+    op_profile = _module("op_profile")
+    worker, client = (1, 10), (1, 20)
+    names = {worker: "tf_XLAEigen/123", client: "tf_XLAPjRtCpuClient/4"}
+    event = lambda name, ts, dur, where=worker: {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": where[0], "tid": where[1]}  # noqa: E731
+    events = [
+        event("while.3", 0, 100),          # body: dot.1 (30) and fusion.2 (50) nested -> 20 of its own
+        event("dot.1", 10, 30),
+        event("fusion.2", 45, 50),
+        event("dot.7", 200, 40),           # a second dot: same kind
+        event("ThunkExecutor::Execute (wait for completion)", 0, 300, client),  # not a worker: ignored
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 10, "args": {"name": "tf_XLAEigen/123"}},
+    ]
+    ops = {op.kind: op for op in op_profile.exclusive_op_times(events, names)}
+    assert set(ops) == {"while", "dot", "fusion"}
+    assert ops["dot"].thread_s == pytest.approx(70e-6) and ops["dot"].count == 2
+    assert ops["fusion"].thread_s == pytest.approx(50e-6)
+    assert ops["while"].thread_s == pytest.approx(20e-6) and ops["while"].count == 1
+    assert [op.kind for op in op_profile.exclusive_op_times(events, names)] == ["dot", "fusion", "while"]  # largest first
+
+
+def test_op_profile_breaks_down_the_training_step(capsys, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it reuses the training benchmark's batch
+    ops = _module("op_profile").main(["--program", "train", "--seq", "32", "--calls", "1", "--top", "5"])
+    out = capsys.readouterr().out
+    assert "training step, 8 seqs x 16-32 tokens" in out and "op kind" in out
+    assert ops and all(op.thread_s >= 0 for op in ops)
+    assert any("dot" in op.kind or "fusion" in op.kind for op in ops)  # the matmuls were seen

@@ -1,0 +1,153 @@
+"""Where the time goes: exclusive CPU thread time per XLA operation kind for one of the
+benchmarked programs, from a `jax.profiler` trace.
+
+    python benchmarks/op_profile.py [--program train|decode] [--seq 256] [--calls 3] [--top 15]
+
+train: the training benchmark's optimiser step (benchmarks/train_step.py: 8 sequences of
+seq/2 to seq tokens, micro-batches of 4), profiled over `--calls` steps. decode: the sampler
+benchmark's batch case (benchmarks/sampler.py: 64 rows x 128 new tokens), over `--calls`
+generate calls. Both are warmed up (compiled) first.
+
+Each row is one kind of thunk the XLA:CPU runtime ran (the HLO name without its numeric
+suffix: `ynn_fusion` = a YNNPACK matmul fusion, `copy_bitcast_fusion` = a materialised
+transpose, `gather_bitcast_fusion` = a gather, ...), with its thread time excluding nested
+thunks (a while loop's own bookkeeping, not its body), its share of all thread time, and
+its count per call. Thread time sums over the traced XLA worker threads; work a library
+runs on threads of its own (YNNPACK's parallel tasks) counts only in the thunk that waits
+for it, so the total can be below the process's CPU time. The profiler adds overhead of
+its own (a call runs up to 2x slower traced): read shares, not absolute milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import gzip
+import json
+import pathlib
+import re
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+# XLA:CPU's worker threads; the PjRt client threads only wait on them.
+_WORKER_THREAD_PREFIX = "tf_XLAEigen"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpTime:
+    kind: str  # HLO instruction name without its numeric suffix
+    thread_s: float  # exclusive thread time, seconds, summed over worker threads
+    count: int  # thunks run
+
+
+def exclusive_op_times(events: list[dict], thread_names: dict[tuple, str]) -> list[OpTime]:
+    """Exclusive thread time per op kind from Chrome-trace complete events ("ph": "X", with
+    ts/dur in microseconds, pid/tid) on the XLA worker threads, largest first. An event's
+    exclusive time is its duration less the durations of the events nested directly in it
+    on the same thread."""
+    by_thread = collections.defaultdict(list)
+    for event in events:
+        key = (event.get("pid"), event.get("tid"))
+        if event.get("ph") == "X" and thread_names.get(key, "").startswith(_WORKER_THREAD_PREFIX):
+            by_thread[key].append(event)
+    exclusive, counts = collections.Counter(), collections.Counter()
+    for thread_events in by_thread.values():
+        thread_events.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
+        nested = [0.0] * len(thread_events)
+        stack: list[int] = []
+        for i, event in enumerate(thread_events):
+            while stack and thread_events[stack[-1]]["ts"] + thread_events[stack[-1]].get("dur", 0) <= event["ts"]:
+                stack.pop()
+            if stack:
+                nested[stack[-1]] += event.get("dur", 0)
+            stack.append(i)
+        for event, inner in zip(thread_events, nested):
+            kind = re.sub(r"\.\d+$", "", event["name"])
+            exclusive[kind] += event.get("dur", 0) - inner
+            counts[kind] += 1
+    return [OpTime(kind, us / 1e6, counts[kind]) for kind, us in exclusive.most_common()]
+
+
+def read_trace(log_dir: str) -> tuple[list[dict], dict[tuple, str]]:
+    """The events and thread names of the trace `jax.profiler` wrote under `log_dir`."""
+    (path,) = pathlib.Path(log_dir).glob("plugins/profile/*/*.trace.json.gz")
+    trace = json.loads(gzip.open(path).read())
+    events = trace["traceEvents"]
+    names = {(e.get("pid"), e.get("tid")): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    return events, names
+
+
+def profile(fn, calls: int) -> tuple[list[OpTime], float]:
+    """Op times of `calls` calls of fn() (already warmed up), and their wall time per call."""
+    with tempfile.TemporaryDirectory() as log_dir:
+        jax.profiler.start_trace(log_dir)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        wall = (time.perf_counter() - start) / calls
+        jax.profiler.stop_trace()
+        return exclusive_op_times(*read_trace(log_dir)), wall
+
+
+def train_program(seq: int):
+    """The training benchmark's optimiser step on its model and batch (warmed up)."""
+    from train_step import make_examples
+
+    from sgs_jax.models import tiny
+    from sgs_jax.models.build import create_model
+    from sgs_jax.rl.optimizer import OptimizerConfig
+    from sgs_jax.rl.train_step import TrainConfig, Trainer
+
+    config = tiny(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=8,
+                  num_kv_heads=4, head_dim=32, max_position_embeddings=seq * 2)
+    trainer = Trainer(create_model(config, seed=0), TrainConfig(batch_size=8, micro_batch_size=4, max_seq_len=seq,
+                                                                optimizer=OptimizerConfig(learning_rate=1e-5)))
+    examples = make_examples(8, seq, config.vocab_size)
+    step = lambda: trainer.step(examples)  # noqa: E731  (step reads its metrics back: it blocks)
+    step()
+    return step, f"training step, 8 seqs x {seq // 2}-{seq} tokens, micro-batches of 4"
+
+
+def decode_program():
+    """The sampler benchmark's batch case (warmed up)."""
+    from sampler import BATCH_MODEL, describe, make_checkpoint, prompts_for
+
+    from sgs_jax.models import load_hf
+    from sgs_jax.sampling import Sampler, SamplingParams
+
+    with tempfile.TemporaryDirectory() as directory:
+        make_checkpoint(BATCH_MODEL, directory)
+        model = load_hf(directory)
+    prompts = prompts_for(np.random.default_rng(0), 8, 32, BATCH_MODEL.vocab).tolist()
+    params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=512, num_samples=8, stop_token_ids=())
+    sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * 512, page_size=16, chunk_steps=16)
+    generate = lambda: sampler.generate(model, prompts, params)  # noqa: E731  (returns host arrays: it blocks)
+    generate()
+    return generate, f"sampler batch case, 64 rows x 128 new tokens ({describe(BATCH_MODEL)})"
+
+
+def main(argv=None) -> list[OpTime]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--program", choices=("train", "decode"), default="train")
+    ap.add_argument("--seq", type=int, default=256, help="train: longest sequence, tokens")
+    ap.add_argument("--calls", type=int, default=3, help="profiled calls (after a warm-up call)")
+    ap.add_argument("--top", type=int, default=15, help="op kinds printed")
+    args = ap.parse_args(argv)
+    fn, title = train_program(args.seq) if args.program == "train" else decode_program()
+    ops, wall = profile(fn, args.calls)
+    total = sum(op.thread_s for op in ops) or 1.0
+    print(f"{title}; {args.calls} calls, wall {wall * 1e3:.1f} ms per call under the profiler, "
+          f"worker thread time {total / args.calls * 1e3:.1f} ms per call")
+    print(f"{'op kind':<40}{'ms/call':>10}{'share':>8}{'count/call':>12}")
+    for op in ops[: args.top]:
+        print(f"{op.kind[:39]:<40}{op.thread_s / args.calls * 1e3:>10.2f}{op.thread_s / total:>8.1%}{op.count / args.calls:>12.1f}")
+    return ops
+
+
+if __name__ == "__main__":
+    main()

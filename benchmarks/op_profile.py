@@ -96,17 +96,13 @@ def profile(fn, calls: int) -> tuple[list[OpTime], float]:
 
 def train_program(seq: int):
     """The training benchmark's optimiser step on its model and batch (warmed up)."""
-    from train_step import make_examples
+    from train_step import make_examples, model_config, train_config
 
-    from sgs_jax.models import tiny
     from sgs_jax.models.build import create_model
-    from sgs_jax.rl.optimizer import OptimizerConfig
-    from sgs_jax.rl.train_step import TrainConfig, Trainer
+    from sgs_jax.rl.train_step import Trainer
 
-    config = tiny(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=8,
-                  num_kv_heads=4, head_dim=32, max_position_embeddings=seq * 2)
-    trainer = Trainer(create_model(config, seed=0), TrainConfig(batch_size=8, micro_batch_size=4, max_seq_len=seq,
-                                                                optimizer=OptimizerConfig(learning_rate=1e-5)))
+    config = model_config(seq)
+    trainer = Trainer(create_model(config, seed=0), train_config(seq, batch=8, micro=4))
     examples = make_examples(8, seq, config.vocab_size)
     step = lambda: trainer.step(examples)  # noqa: E731  (step reads its metrics back: it blocks)
     step()
@@ -115,18 +111,15 @@ def train_program(seq: int):
 
 def decode_program():
     """The sampler benchmark's batch case (warmed up)."""
-    from sampler import BATCH_MODEL, describe, make_checkpoint, prompts_for
+    from sampler import BATCH_MODEL, batch_case, describe, make_checkpoint
 
     from sgs_jax.models import load_hf
-    from sgs_jax.sampling import Sampler, SamplingParams
 
     with tempfile.TemporaryDirectory() as directory:
         make_checkpoint(BATCH_MODEL, directory)
         model = load_hf(directory)
-    prompts = prompts_for(np.random.default_rng(0), 8, 32, BATCH_MODEL.vocab).tolist()
-    params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=512, num_samples=8, stop_token_ids=())
-    sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * 512, page_size=16, chunk_steps=16)
-    generate = lambda: sampler.generate(model, prompts, params)  # noqa: E731  (returns host arrays: it blocks)
+    sampler, prompts, params = batch_case(model, np.random.default_rng(0), page_size=16, chunk_steps=16)  # the benchmark's defaults
+    generate = lambda: sampler.generate(model, prompts.tolist(), params)  # noqa: E731  (returns host arrays: it blocks)
     generate()
     return generate, f"sampler batch case, 64 rows x 128 new tokens ({describe(BATCH_MODEL)})"
 

@@ -117,12 +117,18 @@ def ours_tokens_per_s(sampler, model, prompts, params, repeats: int, **kwargs) -
     return expected / best_of(run, repeats)
 
 
-def batch_case_tokens_per_s(args, model, rng) -> tuple[np.ndarray, float]:
-    """The batch case's prompts (8 x 32 tokens) and the Sampler's tokens/s on them (k = 8,
-    128 new tokens, 64 slots)."""
+def batch_case(model, rng, page_size: int, chunk_steps: int) -> tuple[Sampler, np.ndarray, SamplingParams]:
+    """The batch case: its Sampler (64 slots), prompts (8 x 32 tokens) and params (k = 8,
+    128 new tokens)."""
     prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab)
     params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=512, num_samples=8, stop_token_ids=())
-    sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * 512, page_size=args.page_size, chunk_steps=args.chunk_steps)
+    sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * 512, page_size=page_size, chunk_steps=chunk_steps)
+    return sampler, prompts, params
+
+
+def batch_case_tokens_per_s(args, model, rng) -> tuple[np.ndarray, float]:
+    """The batch case's prompts and the Sampler's tokens/s on them."""
+    sampler, prompts, params = batch_case(model, rng, args.page_size, args.chunk_steps)
     return prompts, ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
 
 

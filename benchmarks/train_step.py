@@ -44,6 +44,17 @@ def make_examples(batch: int, seq: int, vocab: int, seed: int = 0) -> list[Seque
     return out
 
 
+def model_config(seq: int):
+    """The benchmark's 4M-parameter model (4 layers, hidden 256, 8 query / 4 KV heads)."""
+    return tiny(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=8,
+                num_kv_heads=4, head_dim=32, max_position_embeddings=seq * 2)
+
+
+def train_config(seq: int, batch: int, micro: int) -> TrainConfig:
+    """Our side's training config: `batch` sequences per optimiser step, `micro` per micro-batch."""
+    return TrainConfig(batch_size=batch, micro_batch_size=micro, max_seq_len=seq, optimizer=OptimizerConfig(learning_rate=1e-5))
+
+
 def torch_step(model, opt, examples, micro: int) -> None:
     opt.zero_grad()
     total = sum(len(e.completion_ids) for e in examples)
@@ -76,17 +87,14 @@ def timed(fn, steps: int) -> float:
 
 def run(seq: int, args) -> float:
     """Print one sequence length's table; returns the ratio (ours / reference tokens/s)."""
-    config = tiny(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=8,
-                  num_kv_heads=4, head_dim=32, max_position_embeddings=seq * 2)
+    config = model_config(seq)
     examples = make_examples(args.batch, seq, config.vocab_size)
     tokens = sum(e.num_inputs for e in examples)
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(create_model(config, seed=0), tmp)
         ours = load_hf(tmp)
         theirs = transformers.LlamaForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=torch.float32)
-    train_config = TrainConfig(batch_size=args.batch, micro_batch_size=args.micro, max_seq_len=seq,
-                               optimizer=OptimizerConfig(learning_rate=1e-5))
-    trainer = Trainer(ours, train_config)
+    trainer = Trainer(ours, train_config(seq, args.batch, args.micro))
     opt = torch.optim.Adam(theirs.parameters(), lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 
     def jax_step():

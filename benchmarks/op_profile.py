@@ -16,6 +16,8 @@ its count per call. Thread time sums over the traced XLA worker threads; work a 
 runs on threads of its own (YNNPACK's parallel tasks) counts only in the thunk that waits
 for it, so the total can be below the process's CPU time. The profiler adds overhead of
 its own (a call runs up to 2x slower traced): read shares, not absolute milliseconds.
+The first line says how many cores the untraced program keeps busy (process CPU time over
+wall time of the same number of calls).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import gzip
 import json
 import pathlib
 import re
+import resource
 import tempfile
 import time
 
@@ -82,6 +85,16 @@ def read_trace(log_dir: str) -> tuple[list[dict], dict[tuple, str]]:
     return events, names
 
 
+def cores_busy(fn, calls: int) -> float:
+    """Process CPU time over wall time of `calls` untraced calls of fn(): how many cores the
+    program keeps busy (at most the core count; spinning worker threads count as busy)."""
+    cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])  # noqa: E731  user + system seconds
+    cpu_start, start = cpu(), time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (cpu() - cpu_start) / (time.perf_counter() - start)
+
+
 def profile(fn, calls: int) -> tuple[list[OpTime], float]:
     """Op times of `calls` calls of fn() (already warmed up), and their wall time per call."""
     with tempfile.TemporaryDirectory() as log_dir:
@@ -132,9 +145,11 @@ def main(argv=None) -> list[OpTime]:
     ap.add_argument("--top", type=int, default=15, help="op kinds printed")
     args = ap.parse_args(argv)
     fn, title = train_program(args.seq) if args.program == "train" else decode_program()
+    busy = cores_busy(fn, args.calls)
     ops, wall = profile(fn, args.calls)
     total = sum(op.thread_s for op in ops) or 1.0
-    print(f"{title}; {args.calls} calls, wall {wall * 1e3:.1f} ms per call under the profiler, "
+    print(f"{title}; untraced, the process keeps {busy:.2f} cores busy")
+    print(f"{args.calls} traced calls: wall {wall * 1e3:.1f} ms per call, "
           f"worker thread time {total / args.calls * 1e3:.1f} ms per call")
     print(f"{'op kind':<40}{'ms/call':>10}{'share':>8}{'count/call':>12}")
     for op in ops[: args.top]:

@@ -26,6 +26,7 @@ def test_train_step_benchmark_runs_both_sides(capsys):
     out = capsys.readouterr().out
     assert "sgs_jax Trainer (JAX, jitted)" in out and "transformers + torch.optim.Adam" in out
     assert "ratio (ours / reference tokens/s):" in out and "matmul alone, fp32" in out
+    assert "the same, remat_policy=dots" in out and "with remat_policy=dots:" in out
 
 
 def test_exclusive_op_times_subtract_nested_thunks_per_worker_thread():

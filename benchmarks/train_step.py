@@ -11,7 +11,7 @@ for us, allocator and kernel caches for PyTorch), then timed alternately, `--rep
 times `--steps` steps each, and the best of each side is reported. Tokens/s counts real
 (unpadded) model input tokens per optimiser step. Ours runs twice, with the default
 `remat_policy="none"` (the headline ratio) and with `"dots"`, timed alternately with the
-rest: remat is a setting a CPU run can choose, and it changes what XLA:CPU materialises.
+rest: remat is a setting a CPU run can choose.
 
     python benchmarks/train_step.py [--seq 256 1024] [--steps 3] [--repeats 3] [--batch 8] [--micro 4]
 """
@@ -19,6 +19,7 @@ rest: remat is a setting a CPU run can choose, and it changes what XLA:CPU mater
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import tempfile
 import time
@@ -55,6 +56,14 @@ def model_config(seq: int):
 def train_config(seq: int, batch: int, micro: int) -> TrainConfig:
     """Our side's training config: `batch` sequences per optimiser step, `micro` per micro-batch."""
     return TrainConfig(batch_size=batch, micro_batch_size=micro, max_seq_len=seq, optimizer=OptimizerConfig(learning_rate=1e-5))
+
+
+# Our step runs under the default policy (the headline ratio) and under "dots".
+REMAT_POLICIES_TIMED = ("none", "dots")
+
+
+def _jax_step(trainer: Trainer, examples) -> None:
+    jax.block_until_ready(trainer.step(examples)["loss"])
 
 
 def torch_step(model, opt, examples, micro: int) -> None:
@@ -94,33 +103,22 @@ def run(seq: int, args) -> float:
     tokens = sum(e.num_inputs for e in examples)
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(create_model(config, seed=0), tmp)
-        ours = load_hf(tmp)
-        # The same weights with remat_policy="dots" (matmul outputs saved, the rest recomputed):
-        # on XLA:CPU it saves fewer residuals, so fewer zero-filled scan buffers and copies.
-        ours_dots = load_hf(tmp, remat_policy="dots")
+        # Ours twice, the same weights under each remat policy (REMAT_POLICIES_TIMED).
+        trainers = {policy: Trainer(load_hf(tmp, remat_policy=policy), train_config(seq, args.batch, args.micro))
+                    for policy in REMAT_POLICIES_TIMED}
         theirs = transformers.LlamaForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=torch.float32)
-    trainer = Trainer(ours, train_config(seq, args.batch, args.micro))
-    trainer_dots = Trainer(ours_dots, train_config(seq, args.batch, args.micro))
     opt = torch.optim.Adam(theirs.parameters(), lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-
-    def jax_step():
-        jax.block_until_ready(trainer.step(examples)["loss"])
-
-    def jax_dots_step():
-        jax.block_until_ready(trainer_dots.step(examples)["loss"])
-
-    def torch_step_():
-        torch_step(theirs, opt, examples, args.micro)
+    sides = {policy: functools.partial(_jax_step, trainer, examples) for policy, trainer in trainers.items()}
+    sides["torch"] = functools.partial(torch_step, theirs, opt, examples, args.micro)
 
     for _ in range(2):  # warm-up on the full batch, all sides alike
-        jax_step()
-        jax_dots_step()
-        torch_step_()
-    ours_s = dots_s = ref_s = float("inf")
+        for step in sides.values():
+            step()
+    best = dict.fromkeys(sides, float("inf"))
     for _ in range(args.repeats):  # alternate, so all see the same machine load
-        ours_s = min(ours_s, timed(jax_step, args.steps))
-        dots_s = min(dots_s, timed(jax_dots_step, args.steps))
-        ref_s = min(ref_s, timed(torch_step_, args.steps))
+        for side, step in sides.items():
+            best[side] = min(best[side], timed(step, args.steps))
+    ours_s, dots_s, ref_s = best["none"], best["dots"], best["torch"]
     print(f"train step, {config.num_params() / 1e6:.1f}M params, {args.batch} seqs x {seq // 2}-{seq} tokens, "
           f"{args.micro} per micro-batch, {jax.devices()[0].platform}, {torch.get_num_threads()} threads, "
           f"best of {args.repeats} x {args.steps} steps")

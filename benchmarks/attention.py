@@ -3,7 +3,7 @@
 
 The shapes are the training benchmark's (benchmarks/train_step.py): 4 rows, 8 query heads
 over 4 KV heads, head dim 32, fp32; one row half padding. Each figure is the best of
-`--repeats` timed calls after a warm-up call; `auto` on CPU is the fastest correct backend.
+`--repeats` timed calls after a warm-up call, the backends and torch timed in turn; `auto` on CPU is the fastest correct backend.
 
     python benchmarks/attention.py [--seq 256 1024] [--repeats 5]
 """
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from timing import best_of
+from timing import alternated_best
 
 from sgs_jax.models import attention
 
@@ -50,14 +50,16 @@ def main(argv=None) -> None:
             out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask)
             (out * out).sum().backward()
 
-        ref_s = best_of(torch_step, args.repeats)
-        print(f"{t:>6} {'torch scaled_dot_product_attention':<32}{ref_s * 1e3:>10.1f}{1.0:>10.2f}")
+        sides = {"torch scaled_dot_product_attention": torch_step}
         jq, jk, jv = map(jnp.asarray, (q, k, v))
         for name in ("reference", "xla", "blockwise"):
             fn = attention.BACKENDS[name]
             grad = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, mask) ** 2), argnums=(0, 1, 2)))
-            ours_s = best_of(lambda: jax.block_until_ready(grad(jq, jk, jv)), args.repeats)
-            print(f"{t:>6} {name:<32}{ours_s * 1e3:>10.1f}{ref_s / ours_s:>10.2f}")
+            sides[name] = lambda grad=grad: jax.block_until_ready(grad(jq, jk, jv))
+        best = alternated_best(sides, args.repeats)
+        ref_s = best["torch scaled_dot_product_attention"]
+        for name, seconds in best.items():
+            print(f"{t:>6} {name:<32}{seconds * 1e3:>10.1f}{ref_s / seconds:>10.2f}")
 
 
 if __name__ == "__main__":

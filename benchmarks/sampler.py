@@ -1,7 +1,9 @@
 """Sampler throughput against `transformers` `generate` (torch CPU), and how cost scales.
 
 Every figure is generated tokens/s, best of `--repeats` timed runs after one warm-up run
-on the same full batch, in one process (ratios are measured in one run). Both engines
+on the same full batch, in one process (ratios are measured in one run). The sides of a
+ratio are timed in turn, one run each per round (`timing.alternated_best`), so a burst of
+load on a shared host slows a round of both rather than all of one side. Both engines
 sample (temperature 1, top-p 1) from the same random Llama checkpoint with early stopping
 off, so they generate exactly the same number of tokens; torch gets `--threads` threads
 and XLA:CPU its default pool on a machine of that many cores (note `uptime`: the machine
@@ -30,7 +32,9 @@ may be shared). Cases:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import os
 import tempfile
 import time
@@ -41,7 +45,7 @@ import numpy as np
 import torch
 import transformers
 
-from timing import best_of
+from timing import alternated_best
 
 from sgs_jax.models import load_hf
 from sgs_jax.sampling import Sampler, SamplingParams
@@ -94,7 +98,8 @@ def prompts_for(rng, count: int, length: int, vocab: int) -> np.ndarray:
     return ids
 
 
-def reference_tokens_per_s(hf, prompts: np.ndarray, k: int, new_tokens: int, repeats: int, **extra) -> float:
+def reference_side(hf, prompts: np.ndarray, k: int, new_tokens: int, **extra):
+    """(run, tokens generated per run): `transformers` generate on all prompts x k."""
     ids = torch.as_tensor(prompts, dtype=torch.long)
     kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=k,
                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0, **extra)
@@ -104,17 +109,25 @@ def reference_tokens_per_s(hf, prompts: np.ndarray, k: int, new_tokens: int, rep
             out = hf.generate(ids, **kwargs)
         assert (out.shape[1] - ids.shape[1]) * out.shape[0] == len(prompts) * k * new_tokens
 
-    return len(prompts) * k * new_tokens / best_of(run, repeats)
+    return run, len(prompts) * k * new_tokens
 
 
-def ours_tokens_per_s(sampler, model, prompts, params, repeats: int, **kwargs) -> float:
+def ours_side(sampler, model, prompts, params, **kwargs):
+    """(run, tokens generated per run): the Sampler's `generate` on the prompts."""
+
     def run():
         out = sampler.generate(model, prompts, params, **kwargs)
         assert int(out.lengths.sum()) == expected
         return out
 
     expected = sum(kwargs.get("max_new_tokens_per_prompt", [params.max_new_tokens] * len(prompts))) * params.num_samples
-    return expected / best_of(run, repeats)
+    return run, expected
+
+
+def tokens_per_s(sides: dict, repeats: int) -> dict[str, float]:
+    """{name: tokens/s} of sides {name: (run, tokens per run)}, timed alternately."""
+    best = alternated_best({name: run for name, (run, _) in sides.items()}, repeats)
+    return {name: tokens / best[name] for name, (_, tokens) in sides.items()}
 
 
 def batch_case(model, rng, page_size: int, chunk_steps: int) -> tuple[Sampler, np.ndarray, SamplingParams]:
@@ -126,21 +139,22 @@ def batch_case(model, rng, page_size: int, chunk_steps: int) -> tuple[Sampler, n
     return sampler, prompts, params
 
 
-def batch_case_tokens_per_s(args, model, rng) -> tuple[np.ndarray, float]:
-    """The batch case's prompts and the Sampler's tokens/s on them."""
+def batch_case_side(args, model, rng):
+    """The batch case's prompts and the Sampler's side on them."""
     sampler, prompts, params = batch_case(model, rng, args.page_size, args.chunk_steps)
-    return prompts, ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
+    return prompts, ours_side(sampler, model, prompts.tolist(), params)
 
 
 def case_batch(args, hf, model, rng) -> list[str]:
-    prompts, ours = batch_case_tokens_per_s(args, model, rng)
-    ref = reference_tokens_per_s(hf, prompts, 8, 128, args.repeats)
+    prompts, side = batch_case_side(args, model, rng)
+    figures = tokens_per_s({"ours": side, "ref": reference_side(hf, prompts, 8, 128)}, args.repeats)
+    ours, ref = figures["ours"], figures["ref"]
     return [f"batch: 8 prompts x k=8 = 64 rows, 32-token prompts, 128 new tokens ({describe(BATCH_MODEL)})",
             row("sgs_jax Sampler", ours), row("transformers generate", ref), row("ratio (ours / reference)", ours / ref, "x")]
 
 
-def dense_tokens_per_s(model, prompts: np.ndarray, k: int, new_tokens: int, repeats: int) -> float:
-    """Tokens/s of a dense-cache decode loop: all rows prefilled at once, then one
+def dense_side(model, prompts: np.ndarray, k: int, new_tokens: int):
+    """(run, tokens per run) of a dense-cache decode loop: all rows prefilled at once, then one
     `forward_cached` step per token inside one jit (no pages, no host loop)."""
     from flax import nnx
 
@@ -164,13 +178,13 @@ def dense_tokens_per_s(model, prompts: np.ndarray, k: int, new_tokens: int, repe
 
         return jax.lax.fori_loop(0, new_tokens - 1, step, (first, cache, key, jnp.int32(0)))[3]
 
-    decode(state, ids, jax.random.key(0)).block_until_ready()
-    return ids.shape[0] * new_tokens / best_of(lambda: decode(state, ids, jax.random.key(1)).block_until_ready(), repeats)
+    return lambda: decode(state, ids, jax.random.key(1)).block_until_ready(), ids.shape[0] * new_tokens
 
 
 def case_dense(args, model, rng) -> list[str]:
-    prompts, ours = batch_case_tokens_per_s(args, model, rng)
-    dense = dense_tokens_per_s(model, prompts, 8, 128, args.repeats)
+    prompts, side = batch_case_side(args, model, rng)
+    figures = tokens_per_s({"ours": side, "dense": dense_side(model, prompts, 8, 128)}, args.repeats)
+    ours, dense = figures["ours"], figures["dense"]
     return ["dense: the batch case against a dense-cache XLA decode loop of the same model",
             row("sgs_jax Sampler", ours), row("dense-cache fori_loop", dense), row("ratio (ours / dense loop)", ours / dense, "x")]
 
@@ -182,27 +196,32 @@ def case_long(args, rng) -> list[str]:
     prompts = prompts_for(rng, 2, 32, LONG_MODEL.vocab)
     params = SamplingParams(temperature=1.0, max_new_tokens=1024, max_total_len=2048, num_samples=4, stop_token_ids=())
     sampler = Sampler(model.config, max_batch=8, kv_pool_tokens=8 * 1088, page_size=args.page_size, chunk_steps=args.chunk_steps)
-    ours = ours_tokens_per_s(sampler, model, prompts.tolist(), params, args.repeats)
-    ref = reference_tokens_per_s(hf, prompts, 4, 1024, args.repeats, cache_implementation="static")
+    figures = tokens_per_s({"ours": ours_side(sampler, model, prompts.tolist(), params),
+                            "ref": reference_side(hf, prompts, 4, 1024, cache_implementation="static")}, args.repeats)
+    ours, ref = figures["ours"], figures["ref"]
     return [f"long: 2 prompts x k=4 = 8 rows, 1,024 new tokens ({describe(LONG_MODEL)})",
             row("sgs_jax Sampler", ours), row("transformers generate (static cache)", ref), row("ratio (ours / reference)", ours / ref, "x")]
 
 
 def case_capacity(args, model, rng) -> list[str]:
     prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab).tolist()
-    figures, alloc = {}, {}
+    sides, allocations = {}, {}
     # (max_total_len, pool tokens per slot): the goal's two cases as a phase runs them (its
     # calls inside `keep_pool`, so only the first allocates the pool), the same calls each
     # allocating their pool, and the long cap with the small pool (the page table's width
-    # apart from the pool's size).
-    for capacity, pool in ((512, 512), (8192, 8192), (8192, 512)):
-        params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=capacity, num_samples=8, stop_token_ids=())
-        sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * pool, page_size=args.page_size, chunk_steps=args.chunk_steps)
-        figures[capacity, pool, "fresh"] = ours_tokens_per_s(sampler, model, prompts, params, args.repeats)
-        with sampler.keep_pool():
-            figures[capacity, pool, "kept"] = ours_tokens_per_s(sampler, model, prompts, params, args.repeats)
-        pages = sampler.pool_shape(64, capacity - 1)[1] * sampler.shards
-        alloc[pool] = best_of(lambda: jax.block_until_ready(sampler._empty(64, pages, sampler.page_size)), args.repeats)
+    # apart from the pool's size). All timed alternately, so every kept pool is held at once.
+    with contextlib.ExitStack() as kept_pools:
+        for capacity, pool in ((512, 512), (8192, 8192), (8192, 512)):
+            params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=capacity, num_samples=8, stop_token_ids=())
+            for how in ("fresh", "kept"):
+                sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * pool, page_size=args.page_size, chunk_steps=args.chunk_steps)
+                if how == "kept":
+                    kept_pools.enter_context(sampler.keep_pool())
+                sides[capacity, pool, how] = ours_side(sampler, model, prompts, params)
+            pages = sampler.pool_shape(64, capacity - 1)[1] * sampler.shards
+            allocations[pool] = functools.partial(lambda s, n: jax.block_until_ready(s._empty(64, n, s.page_size)), sampler, pages)
+        figures = tokens_per_s(sides, args.repeats)
+    alloc = alternated_best(allocations, args.repeats)
     kept = lambda c, p: figures[c, p, "kept"]  # noqa: E731
     fresh = lambda c, p: figures[c, p, "fresh"]  # noqa: E731
     return ["capacity: the batch case with a KV capacity of 512 vs 8,192 tokens per row (pool = 64 x capacity)",

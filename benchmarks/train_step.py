@@ -22,12 +22,13 @@ import argparse
 import functools
 import os
 import tempfile
-import time
 
 import jax
 import numpy as np
 import torch
 import transformers
+
+from timing import alternated_best
 
 from sgs_jax.models import load_hf, save_hf, tiny
 from sgs_jax.models.build import create_model
@@ -89,13 +90,6 @@ def torch_step(model, opt, examples, micro: int) -> None:
     opt.step()
 
 
-def timed(fn, steps: int) -> float:
-    start = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return (time.perf_counter() - start) / steps
-
-
 def run(seq: int, args) -> float:
     """Print one sequence length's table; returns the ratio (ours / reference tokens/s)."""
     config = model_config(seq)
@@ -111,13 +105,8 @@ def run(seq: int, args) -> float:
     sides = {policy: functools.partial(_jax_step, trainer, examples) for policy, trainer in trainers.items()}
     sides["torch"] = functools.partial(torch_step, theirs, opt, examples, args.micro)
 
-    for _ in range(2):  # warm-up on the full batch, all sides alike
-        for step in sides.values():
-            step()
-    best = dict.fromkeys(sides, float("inf"))
-    for _ in range(args.repeats):  # alternate, so all see the same machine load
-        for side, step in sides.items():
-            best[side] = min(best[side], timed(step, args.steps))
+    # Two warm-up steps on the full batch, all sides alike; then alternated timings.
+    best = alternated_best(sides, args.repeats, calls=args.steps, warmup=2)
     ours_s, dots_s, ref_s = best["none"], best["dots"], best["torch"]
     print(f"train step, {config.num_params() / 1e6:.1f}M params, {args.batch} seqs x {seq // 2}-{seq} tokens, "
           f"{args.micro} per micro-batch, {jax.devices()[0].platform}, {torch.get_num_threads()} threads, "
@@ -141,10 +130,8 @@ def matmul_gflops(rows: int, repeats: int) -> tuple[float, float]:
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     jax_call = lambda: matmul(ja, jb).block_until_ready()  # noqa: E731
     torch_call = lambda: ta @ tb  # noqa: E731
-    jax_call(), torch_call()
-    ours = ref = float("inf")
-    for _ in range(repeats):
-        ours, ref = min(ours, timed(jax_call, 20)), min(ref, timed(torch_call, 20))
+    best = alternated_best({"jax": jax_call, "torch": torch_call}, repeats, calls=20)
+    ours, ref = best["jax"], best["torch"]
     flops = 2 * rows * 256 * 688
     return flops / ours / 1e9, flops / ref / 1e9
 

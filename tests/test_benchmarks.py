@@ -19,6 +19,28 @@ def _module(name: str):
     return module
 
 
+@pytest.fixture(autouse=True)
+def _benchmarks_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as `python benchmarks/NAME.py` has it (shared timing.py)
+
+
+def test_alternated_best_warms_up_then_times_the_sides_in_turn(monkeypatch):
+    timing = _module("timing")
+    clock, calls = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    costs = {"a": iter([5, 3, 3, 9, 9, 4, 4]), "b": iter([7, 2, 2, 6, 6, 8, 8])}  # a warm-up call, then 3 rounds of 2 calls
+
+    def side(name):
+        def fn():
+            calls.append(name)
+            clock[0] += next(costs[name])
+        return fn
+
+    best = timing.alternated_best({"a": side("a"), "b": side("b")}, repeats=3, calls=2, warmup=1)
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3  # one warm-up each, then rounds in turn
+    assert best == {"a": 3.0, "b": 2.0}  # best seconds per call over the rounds (warm-up excluded)
+
+
 def test_train_step_benchmark_runs_both_sides(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
@@ -50,10 +72,9 @@ def test_exclusive_op_times_subtract_nested_thunks_per_worker_thread():
     assert [op.kind for op in op_profile.exclusive_op_times(events, names)] == ["dot", "fusion", "while"]  # largest first
 
 
-def test_op_profile_breaks_down_the_training_step(capsys, monkeypatch):
+def test_op_profile_breaks_down_the_training_step(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it reuses the training benchmark's batch
     ops = _module("op_profile").main(["--program", "train", "--seq", "32", "--calls", "1", "--top", "5"])
     out = capsys.readouterr().out
     assert "training step, 8 seqs x 16-32 tokens" in out and "op kind" in out and "cores busy" in out

@@ -3,7 +3,8 @@
 
 The shapes are the training benchmark's (benchmarks/train_step.py): 4 rows, 8 query heads
 over 4 KV heads, head dim 32, fp32; one row half padding. Each figure is the best of
-`--repeats` timed calls after a warm-up call, the backends and torch timed in turn; `auto` on CPU is the fastest correct backend.
+`--repeats` timed calls after a warm-up call, the backends and torch timed in turn; `auto`
+on CPU is the fastest correct backend.
 
     python benchmarks/attention.py [--seq 256 1024] [--repeats 5]
 """

@@ -203,6 +203,11 @@ def case_long(args, rng) -> list[str]:
             row("sgs_jax Sampler", ours), row("transformers generate (static cache)", ref), row("ratio (ours / reference)", ours / ref, "x")]
 
 
+def allocate_pool(sampler: Sampler, pages: int) -> None:
+    """Allocate (and zero) an empty 64-slot decode state of `pages` pages, as a call does."""
+    jax.block_until_ready(sampler._empty(64, pages, sampler.page_size))
+
+
 def case_capacity(args, model, rng) -> list[str]:
     prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab).tolist()
     sides, allocations = {}, {}
@@ -219,7 +224,7 @@ def case_capacity(args, model, rng) -> list[str]:
                     kept_pools.enter_context(sampler.keep_pool())
                 sides[capacity, pool, how] = ours_side(sampler, model, prompts, params)
             pages = sampler.pool_shape(64, capacity - 1)[1] * sampler.shards
-            allocations[pool] = functools.partial(lambda s, n: jax.block_until_ready(s._empty(64, n, s.page_size)), sampler, pages)
+            allocations[pool] = functools.partial(allocate_pool, sampler, pages)
         figures = tokens_per_s(sides, args.repeats)
     alloc = alternated_best(allocations, args.repeats)
     kept = lambda c, p: figures[c, p, "kept"]  # noqa: E731

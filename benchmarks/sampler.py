@@ -210,22 +210,25 @@ def allocate_pool(sampler: Sampler, pages: int) -> None:
 
 def case_capacity(args, model, rng) -> list[str]:
     prompts = prompts_for(rng, 8, 32, BATCH_MODEL.vocab).tolist()
-    sides, allocations = {}, {}
+    figures, allocations = {}, {}
     # (max_total_len, pool tokens per slot): the goal's two cases as a phase runs them (its
     # calls inside `keep_pool`, so only the first allocates the pool), the same calls each
     # allocating their pool, and the long cap with the small pool (the page table's width
-    # apart from the pool's size). All timed alternately, so every kept pool is held at once.
-    with contextlib.ExitStack() as kept_pools:
-        for capacity, pool in ((512, 512), (8192, 8192), (8192, 512)):
-            params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=capacity, num_samples=8, stop_token_ids=())
-            for how in ("fresh", "kept"):
+    # apart from the pool's size). The kept and the allocating calls are timed as two
+    # groups, each alternated within itself, so 4 GB allocations do not land between the
+    # kept calls.
+    for how in ("kept", "fresh"):
+        with contextlib.ExitStack() as kept_pools:
+            sides = {}
+            for capacity, pool in ((512, 512), (8192, 8192), (8192, 512)):
+                params = SamplingParams(temperature=1.0, max_new_tokens=128, max_total_len=capacity, num_samples=8, stop_token_ids=())
                 sampler = Sampler(model.config, max_batch=64, kv_pool_tokens=64 * pool, page_size=args.page_size, chunk_steps=args.chunk_steps)
                 if how == "kept":
                     kept_pools.enter_context(sampler.keep_pool())
                 sides[capacity, pool, how] = ours_side(sampler, model, prompts, params)
-            pages = sampler.pool_shape(64, capacity - 1)[1] * sampler.shards
-            allocations[pool] = functools.partial(allocate_pool, sampler, pages)
-        figures = tokens_per_s(sides, args.repeats)
+                pages = sampler.pool_shape(64, capacity - 1)[1] * sampler.shards
+                allocations[pool] = functools.partial(allocate_pool, sampler, pages)
+            figures.update(tokens_per_s(sides, args.repeats))
     alloc = alternated_best(allocations, args.repeats)
     kept = lambda c, p: figures[c, p, "kept"]  # noqa: E731
     fresh = lambda c, p: figures[c, p, "fresh"]  # noqa: E731

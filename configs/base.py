@@ -54,6 +54,7 @@ def get_config() -> ConfigDict:
     c.sampling.max_batch = 256  # concurrent sequences (slots) in the sampler
     c.sampling.kv_pool_tokens = 524_288  # KV pool capacity in tokens, shared by all slots (a full pool pauses refills)
     c.sampling.page_size = 64  # tokens per KV page (rows take pages as they grow; the k samples share prompt pages)
+    c.sampling.paged_attention = "auto"  # decode attention over the KV pages: auto (Pallas on TPU/GPU; on CPU the native C++ kernel where a compiler is found, else gather) | native | gather | pallas_tpu | pallas_gpu
     c.sampling.weights_dtype = "bfloat16"  # dtype of the weights every role samples with (trainers keep model.param_dtype masters)
     c.sampling.weights_layout = "inference"  # inference (replicated over data/fsdp, heads/MLP/vocab over tensor: no weight all-gather in decode) | training (the trainers' FSDP layout)
     c.sampling.keep_inference_weights = False  # keep a trainer's sampling copy until it steps (else released after each sampling phase)

@@ -39,6 +39,7 @@ _CHOICES = {
     "model.attention": ("auto", "xla", "cudnn", "splash"),
     "sampling.weights_dtype": ("float32", "bfloat16"),
     "sampling.weights_layout": ("inference", "training"),
+    "sampling.paged_attention": ("auto", "native", "gather", "pallas_tpu", "pallas_gpu"),
     "roles.placement": ("shared", "split"),
     "sgs.solver_objective": ("reinforce_half", "cispo", "expert_iteration"),
     "solver_train.normalization": ("batch_tokens", "sequence"),

@@ -93,7 +93,7 @@ class Attention(nnx.Module):
         q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
         k = apply_rope(k, cos, sin)
         if isinstance(mask, PagedBatch):
-            out, cache_kv = paged_decode(q[:, 0], k[:, 0], v[:, 0], cache_kv, layer, mask, self.config.attention)
+            out, cache_kv = paged_decode(q[:, 0], k[:, 0], v[:, 0], cache_kv, layer, mask)
             return jnp.einsum("bhd,hde->be", out, self.o_proj.kernel[...].astype(dt))[:, None], cache_kv
         if cache_kv is not None:
             keys, values = cache_kv

@@ -1,16 +1,20 @@
 """Decode attention over the paged KV pool: each row reads only the pages it holds.
 
-    out, (keys, values) = paged_decode(q, k, v, (keys, values), layer, batch, implementation)
+    out, (keys, values) = paged_decode(q, k, v, (keys, values), layer, batch)
 
 q [S, Hq, D] (one new token per row), k/v [S, Hkv, D] its key/value, the pool as in
 `sgs_jax.models.paged_cache` and a `PagedBatch`. The new key/value is written at the row's
 position first, then the query attends over positions 0..cached of its own pages. Rows
 that are not active produce unspecified (finite) outputs.
 
-Backends (`select_paged_backend` maps `ModelConfig.attention` and the platform):
+Backends (`batch.backend`; `select_paged_backend` picks one for `auto` from
+`ModelConfig.attention` and the platform):
   gather      XLA: gather the pages of the ragged work list (only pages rows hold, T per
               batch shard), scores per page, softmax per row by segment max/sum. Cost follows
-              the sum of live tokens, not the longest row or the capacity. CPU default.
+              the sum of live tokens, not the longest row or the capacity. CPU fallback.
+  native      a C++ XLA:CPU kernel (XLA FFI; `models.native` builds it on first use): each
+              row reads its own pages in place, no copy. CPU default where a C++
+              compiler is found.
   pallas_tpu  `jax.experimental.pallas.ops.tpu.paged_attention` (reads pages up to each
               row's length, from the whole pool buffer). TPU default.
   pallas_gpu  `jax.experimental.pallas.ops.gpu.paged_attention` (Triton). GPU default;
@@ -27,23 +31,27 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from sgs_jax.models import native
 from sgs_jax.models.attention import _platform
 from sgs_jax.models.paged_cache import PagedBatch, RaggedWork, ragged_work, write_token
 from sgs_jax.parallel.rules import current_mesh, logical_to_spec
 
 _MASKED = -1e30  # finite, so a row with nothing visible gives no NaN
-PAGED_BACKENDS = ("gather", "pallas_tpu", "pallas_gpu")
+PAGED_BACKENDS = ("gather", "native", "pallas_tpu", "pallas_gpu")
 
 
 def select_paged_backend(implementation: str, platform: str) -> str:
     """The paged decode backend for `ModelConfig.attention` on `platform`: the platform's
-    Pallas kernel for auto (and for splash on TPU, cudnn on GPU), else the XLA gather."""
+    kernel for auto (and for splash on TPU, cudnn on GPU): Pallas on TPU and GPU, the native
+    CPU kernel where it builds (`models.native`); else the XLA gather."""
     if implementation in PAGED_BACKENDS:
         return implementation
     if implementation in ("auto", "splash") and platform == "tpu":
         return "pallas_tpu"
     if implementation in ("auto", "cudnn") and platform == "gpu":
         return "pallas_gpu"
+    if implementation == "auto" and platform == "cpu" and native.paged_attention_target():
+        return "native"
     return "gather"
 
 
@@ -76,6 +84,21 @@ def gather_attention(q, keys, values, layer, batch: PagedBatch) -> jax.Array:
     part = jnp.einsum("ktgp,ktpd->tkgd", weights.astype(q.dtype), v, preferred_element_type=jnp.float32)
     out = per_row(part)[:rows] / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)[..., None]
     return out.reshape(rows, hq, dim).astype(q.dtype)
+
+
+def native_attention(q, keys, values, layer, batch: PagedBatch) -> jax.Array:
+    """The native XLA:CPU kernel (`models/native/paged_attention.cc`; one shard's arrays):
+    each row reads its own pages in place, positions 0..cached, so nothing is gathered and
+    cost follows each row's live tokens exactly. fp32 scores and softmax; the pool may be
+    fp32 or bf16."""
+    if not native.paged_attention_target():
+        raise RuntimeError("the native CPU paged-attention kernel could not be built (see the warning above); use the gather backend")
+    rows, hq, dim = q.shape
+    lengths = jnp.where(batch.active, batch.cached + 1, 0).astype(jnp.int32)
+    scaled = q.astype(jnp.float32) * jnp.float32(dim**-0.5)
+    call = jax.ffi.ffi_call(native.PAGED_ATTENTION, jax.ShapeDtypeStruct((rows, hq, dim), jnp.float32))
+    out = call(scaled, keys, values, jnp.asarray(layer, jnp.int32), batch.page_table.astype(jnp.int32), lengths)
+    return out.astype(q.dtype)
 
 
 def _kernel_operands(q, keys, values, layer, batch: PagedBatch):
@@ -121,7 +144,7 @@ def pallas_gpu_attention(q, keys, values, layer, batch: PagedBatch, interpret: b
     return out.astype(q.dtype)
 
 
-_BACKENDS = {"gather": gather_attention, "pallas_tpu": pallas_tpu_attention, "pallas_gpu": pallas_gpu_attention}
+_BACKENDS = {"gather": gather_attention, "native": native_attention, "pallas_tpu": pallas_tpu_attention, "pallas_gpu": pallas_gpu_attention}
 
 
 def _write_and_attend(q, k, v, keys, values, layer, batch: PagedBatch, *, backend: str):
@@ -146,13 +169,13 @@ def shard_specs(mesh, rules, num_rows: int, num_pages: int, hq: int, hkv: int):
     return rows, heads
 
 
-def paged_decode(q, k, v, cache_kv, layer, batch: PagedBatch, implementation: str = "auto"):
-    """Write this step's k/v into the pool and attend (see module docstring).
-
-    Returns (out [S, Hq, D], (keys, values))."""
-    backend = select_paged_backend(implementation, _platform())
+def paged_decode(q, k, v, cache_kv, layer, batch: PagedBatch):
+    """Write this step's k/v into the pool and attend with `batch.backend` (see module
+    docstring). Returns (out [S, Hq, D], (keys, values))."""
+    if batch.backend not in PAGED_BACKENDS:
+        raise ValueError(f"unknown paged attention backend {batch.backend!r}; expected one of {PAGED_BACKENDS}")
     keys, values = cache_kv
-    fn = functools.partial(_write_and_attend, backend=backend)
+    fn = functools.partial(_write_and_attend, backend=batch.backend)
     current = current_mesh()
     if current is None:
         out, keys, values = fn(q, k, v, keys, values, layer, batch)
@@ -163,7 +186,7 @@ def paged_decode(q, k, v, cache_kv, layer, batch: PagedBatch, implementation: st
     pool = P(heads, None, rows, None, None)
     batch_specs = PagedBatch(
         page_table=P(rows, None), cached=P(rows), active=P(rows),
-        work=None if batch.work is None else RaggedWork(P(rows), P(rows), P(rows)),
+        work=None if batch.work is None else RaggedWork(P(rows), P(rows), P(rows)), backend=batch.backend,
     )
     mapped = jax.shard_map(
         fn, mesh=mesh,

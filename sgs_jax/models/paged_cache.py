@@ -78,13 +78,15 @@ class PagedBatch:
     holds are unused). cached [S] int32: tokens already in the pool for the row; this step
     writes the row's token at position `cached` and attends over positions 0..cached.
     active [S] bool: rows that write and whose outputs matter. work: the ragged work list
-    (gather backend only), else None.
+    (gather backend only), else None. backend: the decode attention that reads the pool
+    (`models.paged_attention.PAGED_BACKENDS`; static, part of the compiled program).
     """
 
     page_table: jax.Array
     cached: jax.Array
     active: jax.Array
     work: RaggedWork | None = None
+    backend: str = dataclasses.field(default="gather", metadata=dict(static=True))
 
 
 def ragged_work(page_table: jax.Array, num_pages: jax.Array, size: int, page_size: int) -> RaggedWork:

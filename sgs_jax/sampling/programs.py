@@ -16,10 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sgs_jax.models.attention import _platform
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.kv_cache import KVCache
-from sgs_jax.models.paged_attention import build_work, select_paged_backend, shard_specs
+from sgs_jax.models.paged_attention import build_work, shard_specs
 from sgs_jax.models.paged_cache import POOL_AXES, PagedBatch, PagedKVCache, prompt_pages, write_pages
 from sgs_jax.parallel.rules import constrain, current_mesh
 from sgs_jax.sampling.distribution import next_tokens
@@ -139,7 +138,7 @@ def insert_prompts(graphdef, params, state: DecodeState, prompt_ids, prompt_mask
 
 
 def decode_chunk(graphdef, params, state: DecodeState, page_table, num_pages, kill, stop_ids, temperature, top_k, top_p, exit_new,
-                 *, mode: str, chunk_steps: int, work_size: int):
+                 *, mode: str, chunk_steps: int, work_size: int, backend: str):
     """Up to `chunk_steps` decode steps inside one `lax.while_loop`.
 
     page_table [S, max_pages] int32, num_pages [S] int32: the pages each row holds (the host
@@ -147,11 +146,11 @@ def decode_chunk(graphdef, params, state: DecodeState, page_table, num_pages, ki
     (preempted): done before the first step. Stops early when every slot is done or when
     `exit_new` slots finished during this chunk (so the host can refill them). stop_ids [n]
     int32; temperature, top_k, top_p scalars; work_size: ragged work-list entries per batch
-    shard (gather backend; >= the pages live rows hold). Returns (state, ChunkOutput).
+    shard (gather backend; >= the pages live rows hold); backend: the decode attention
+    (`models.paged_attention.PAGED_BACKENDS`). Returns (state, ChunkOutput).
     """
     model = nnx.merge(graphdef, params)
     slots = state.done.shape[0]
-    backend = select_paged_backend(model.config.attention, _platform())
     work = build_work(page_table, num_pages, work_size, state.pool.page_size) if backend == "gather" else None
     start_done = state.done | kill
     state = dataclasses.replace(state, done=start_done)
@@ -173,7 +172,7 @@ def decode_chunk(graphdef, params, state: DecodeState, page_table, num_pages, ki
     def body(carry):
         st, o = carry
         active = ~st.done
-        batch = PagedBatch(page_table, st.cached, active, work)
+        batch = PagedBatch(page_table, st.cached, active, work, backend)
         logits, pool = model.forward_paged(st.pending, st.pool, batch)
         keys = jax.vmap(jax.random.fold_in)(st.rng, st.generated)
         tok, logp, ent = next_tokens(logits, keys, temperature, top_k, top_p, mode=mode)

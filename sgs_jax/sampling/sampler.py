@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sgs_jax.models.build import abstract_model
 from sgs_jax.models.config import ModelConfig
-from sgs_jax.models.paged_attention import select_paged_backend
+from sgs_jax.models.paged_attention import PAGED_BACKENDS, select_paged_backend
 from sgs_jax.models.tokenizer import decode
 from sgs_jax.parallel.global_arrays import host_read, to_global
 from sgs_jax.parallel.rules import activation_sharding, batch_shards, check_batch, path_names, state_shardings
@@ -100,6 +100,9 @@ class Sampler:
     chunk_steps: decode steps per jitted chunk before the host may refill slots.
     prefill_batch: prompts per prefill call when a refill starts several prompts (a single
         prompt is prefilled alone), so each prompt bucket compiles two prefill programs.
+    paged_attention: the decode attention over the pool (`sampling.paged_attention`): auto
+        (the platform's kernel: Pallas on TPU and GPU, the native C++ kernel on CPU where it
+        builds, else the XLA gather) or one of `models.paged_attention.PAGED_BACKENDS`.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class Sampler:
         prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
         chunk_steps: int = 16,
         prefill_batch: int = 8,
+        paged_attention: str = "auto",
     ):
         if min(max_batch, chunk_steps, prefill_batch, page_size) < 1:
             raise ValueError(f"max_batch, chunk_steps, prefill_batch and page_size must be >= 1, got {max_batch}, {chunk_steps}, "
@@ -135,7 +139,9 @@ class Sampler:
         self.chunk_steps = chunk_steps
         self.prefill_batch = prefill_batch
         platform = np.ravel(mesh.devices)[0].platform if mesh is not None else jax.default_backend()
-        self.attention_backend = select_paged_backend(model_config.attention, platform)
+        if paged_attention not in ("auto", *PAGED_BACKENDS):
+            raise ValueError(f"paged_attention must be auto or one of {PAGED_BACKENDS}, got {paged_attention!r}")
+        self.attention_backend = select_paged_backend(model_config.attention if paged_attention == "auto" else paged_attention, platform)
         graphdef, abstract = abstract_model(model_config)
         self._abstract_params = abstract
         self._param_shardings = state_shardings(abstract, mesh) if mesh is not None else None
@@ -147,7 +153,7 @@ class Sampler:
         self._insert = jax.jit(_under_mesh(functools.partial(programs.insert_prompts, graphdef), mesh), donate_argnums=(1,))
         self._decode = jax.jit(
             _under_mesh(functools.partial(programs.decode_chunk, graphdef), mesh),
-            static_argnames=("mode", "chunk_steps", "work_size"),
+            static_argnames=("mode", "chunk_steps", "work_size", "backend"),
             donate_argnums=(1,),
         )
         self.last_stats: Optional[GenerationStats] = None
@@ -156,7 +162,8 @@ class Sampler:
     def from_config(cls, cfg, model_config: ModelConfig, mesh: Mesh | None = None, **overrides) -> "Sampler":
         """The Sampler of a run: slots, pool and page size from `cfg.sampling`."""
         s = cfg.sampling
-        settings = dict(max_batch=s.max_batch, kv_pool_tokens=s.kv_pool_tokens, page_size=s.page_size)
+        settings = dict(max_batch=s.max_batch, kv_pool_tokens=s.kv_pool_tokens, page_size=s.page_size,
+                        paged_attention=s.paged_attention)
         return cls(model_config, mesh=mesh, **{**settings, **overrides})
 
     # ---- public ---------------------------------------------------------------------------
@@ -224,7 +231,7 @@ class Sampler:
                 state, out = self._decode(
                     weights, state, jnp.asarray(plan.page_table), jnp.asarray(plan.num_pages), jnp.asarray(plan.kill),
                     *sampling_args, jnp.int32(plan.exit_new), mode=mode, chunk_steps=self.chunk_steps,
-                    work_size=plan.work_size if self.attention_backend == "gather" else 1,
+                    work_size=plan.work_size if self.attention_backend == "gather" else 1, backend=self.attention_backend,
                 )
                 in_flight.append((plan, out))
             if in_flight and (len(in_flight) > 1 or not dispatched):
@@ -335,6 +342,7 @@ class Sampler:
             weights, self.abstract_state(s, num_pages), i32(s, max_pages), i32(s), jax.ShapeDtypeStruct((s,), bool),
             i32(_STOP_SLOTS), f32, i32(), f32, i32(),
             mode=mode, chunk_steps=self.chunk_steps, work_size=work_size if self.attention_backend == "gather" else 1,
+            backend=self.attention_backend,
         )
 
     # ---- internals ------------------------------------------------------------------------

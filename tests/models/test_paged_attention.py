@@ -1,6 +1,7 @@
 """Paged decode attention against dense attention over the same tokens: the XLA gather
-backend, the Pallas GPU kernel (interpret mode), sharded over a mesh, and the Pallas TPU
-kernel compiled deviceless with libtpu."""
+backend, the native CPU kernel (built on first use; skipped without a C++ compiler), the
+Pallas GPU kernel (interpret mode), sharded over a mesh, and the Pallas TPU kernel compiled
+deviceless with libtpu."""
 
 import importlib.util
 import re
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sgs_jax.models import native
 from sgs_jax.models import paged_attention as pa
 from sgs_jax.models.attention import AttentionMask, reference
 from sgs_jax.models.paged_cache import PagedBatch, ragged_work, write_token
@@ -48,14 +50,21 @@ def dense_expected(q, k, v, keys, values, table, cached, layer):
 
 def run(backend, q, k, v, keys, values, table, cached, active, layer=1):
     num_pages = np.where(active, cached // PAGE + 1, 0).astype(np.int32)
-    work = ragged_work(jnp.asarray(table), jnp.asarray(num_pages), 16, PAGE)
-    batch = PagedBatch(jnp.asarray(table), jnp.asarray(cached), jnp.asarray(active), work)
-    out, (new_keys, _) = pa.paged_decode(q, k, v, (keys, values), jnp.int32(layer), batch, backend)
+    work = ragged_work(jnp.asarray(table), jnp.asarray(num_pages), 16, PAGE) if backend == "gather" else None
+    batch = PagedBatch(jnp.asarray(table), jnp.asarray(cached), jnp.asarray(active), work, backend)
+    out, (new_keys, _) = pa.paged_decode(q, k, v, (keys, values), jnp.int32(layer), batch)
     return np.asarray(out), np.asarray(new_keys)
 
 
-@pytest.mark.parametrize("backend", ["gather", "pallas_gpu"])
+def needs_native():
+    if not native.paged_attention_target():
+        pytest.skip("the native CPU kernel could not be built here (no C++ compiler?)")
+
+
+@pytest.mark.parametrize("backend", ["gather", "native", "pallas_gpu"])
 def test_paged_decode_matches_dense_attention(backend):
+    if backend == "native":
+        needs_native()
     q, k, v, keys, values, table, cached, active = problem()
     out, new_keys = run(backend, q, k, v, keys, values, table, cached, active)
     expected = dense_expected(q, k, v, keys, values, table, np.maximum(cached, 0), layer=1)
@@ -67,6 +76,42 @@ def test_paged_decode_matches_dense_attention(backend):
     untouched = np.ones(new_keys.shape, bool)
     untouched[:, 1, table[rows, cached[rows] // PAGE], cached[rows] % PAGE] = False
     np.testing.assert_array_equal(new_keys[untouched], np.asarray(keys)[untouched])
+
+
+@pytest.mark.parametrize("dim", [16, 64, 128])
+def test_native_kernel_matches_gather(dim):
+    """Every head-dim path of the native kernel (16: generic; 64 and 128: compiled for the
+    size), GQA groups of 1 and 3, rows spanning 1-9 pages and an inactive row, fp32 within
+    1e-5 of the XLA gather backend; a bf16 pool within bf16 rounding of its fp32 result."""
+    needs_native()
+    rng = np.random.default_rng(dim)
+    for hkv, group in ((3, 1), (2, 3)):
+        rows, pages, max_pages = 5, 64, 9
+        pool = lambda: jnp.asarray(rng.normal(size=(hkv, LAYERS, pages, PAGE, dim)), jnp.float32)  # noqa: E731
+        keys, values = pool(), pool()
+        table = rng.permutation(pages)[: rows * max_pages].reshape(rows, max_pages).astype(np.int32)
+        cached = np.asarray([0, 3, 17, 35, 9], np.int32)
+        active = np.asarray([True, True, True, True, False])
+        q = jnp.asarray(rng.normal(size=(rows, hkv * group, dim)), jnp.float32)
+        k = jnp.asarray(rng.normal(size=(rows, hkv, dim)), jnp.float32)
+        v = jnp.asarray(rng.normal(size=(rows, hkv, dim)), jnp.float32)
+        expected, _ = run("gather", q, k, v, keys, values, table, cached, active)
+        out, _ = run("native", q, k, v, keys, values, table, cached, active)
+        np.testing.assert_allclose(out[active], expected[active], atol=1e-5, rtol=0)
+        assert np.all(out[~active] == 0)
+        half, _ = run("native", q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16),
+                      keys.astype(jnp.bfloat16), values.astype(jnp.bfloat16), table, cached, active)
+        assert half.dtype == jnp.bfloat16
+        np.testing.assert_allclose(half[active].astype(np.float32), expected[active], atol=0.05, rtol=0)
+
+
+def test_native_kernel_refuses_a_page_outside_the_pool():
+    needs_native()
+    q, k, v, keys, values, table, cached, active = problem()
+    table = table.copy()
+    table[2, 1] = PAGES + 5  # row 2 (12 cached tokens) reads its second page
+    with pytest.raises(Exception, match="page id outside the pool"):
+        run("native", q, k, v, keys, values, table, cached, active)
 
 
 def test_ragged_work_lists_only_held_pages():
@@ -103,9 +148,12 @@ def test_sharded_paged_decode_uses_local_pages():
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     with activation_sharding(mesh):
         work = jax.jit(pa.build_work, static_argnums=(2, 3))(jnp.asarray(local), jnp.asarray(num_pages), 8, PAGE)
-        batch = PagedBatch(jnp.asarray(local), jnp.asarray(cached), jnp.asarray(active), work)
-        fn = jax.jit(lambda *a: pa.paged_decode(*a, "gather"))
-        out, _ = fn(q, k, v, (keys, values), jnp.int32(0), batch)
+        fn = jax.jit(pa.paged_decode)
+        out, _ = fn(q, k, v, (keys, values), jnp.int32(0), PagedBatch(jnp.asarray(local), jnp.asarray(cached), jnp.asarray(active), work))
+        if native.paged_attention_target():
+            batch = PagedBatch(jnp.asarray(local), jnp.asarray(cached), jnp.asarray(active), None, "native")
+            native_out, _ = fn(q, k, v, (keys, values), jnp.int32(0), batch)
+            np.testing.assert_allclose(np.asarray(native_out), np.asarray(out), atol=1e-5, rtol=0)
     global_table = local + shard[:, None] * local_pages
     expected, _ = run("gather", q, k, v, keys, values, global_table, cached, active, layer=0)
     np.testing.assert_allclose(np.asarray(out), expected, atol=1e-5, rtol=0)

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from sgs_jax.models import tiny
+from sgs_jax.models import native, tiny
 from sgs_jax.sampling import Completions, PromptError, Sampler, SamplingParams
 from tests.sampling.conftest import BUCKETS, random_model, token_lists
 from tests.sampling.reference import entropy, full_logits, warped_probs
@@ -57,8 +57,10 @@ def test_samples_share_prompt_pages(model, prompts):
 
 def test_page_counters_bound_the_pages_attention_needs(model, prompts):
     """One row of P prompt tokens and N new ones: at step t it attends over P + t positions,
-    so it holds at least ceil((P + t) / page) pages; the work list covers what it holds."""
-    s = Sampler(model.config, max_batch=1, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256)
+    so it holds at least ceil((P + t) / page) pages; the gather backend's work list covers
+    what it holds."""
+    s = Sampler(model.config, max_batch=1, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256,
+                paged_attention="gather")
     n, prompt = 9, prompts[2]
     s.generate(model, [prompt], SamplingParams(temperature=1.0, max_new_tokens=n, max_total_len=64, seed=1, stop_token_ids=()))
     stats, p = s.last_stats, len(prompt)
@@ -205,3 +207,22 @@ def test_bad_prompts_parameters_and_pools_are_clear_errors(model, sampler):
         small.generate(model, [[1, 2, 3]], dataclasses.replace(PLAIN, max_new_tokens=20))  # 22 tokens: 6 pages > 4
     with pytest.raises(ValueError, match="kv_pool_tokens"):
         Sampler(model.config, page_size=4, kv_pool_tokens=3)
+
+
+def test_cpu_decode_backends_sample_alike(model, sampler, prompts):
+    """The native CPU kernel (the CPU default where it builds) and the XLA gather backend
+    give the same tokens for the same seed, log-probs and entropies within 1e-5; only the
+    gather backend walks a padded work list."""
+    if not native.paged_attention_target():
+        pytest.skip("the native CPU kernel could not be built here (no C++ compiler?)")
+    assert sampler.attention_backend == "native"
+    gather = Sampler(model.config, max_batch=8, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256,
+                     paged_attention="gather")
+    prompts = [p for p in prompts if len(p) <= 8]
+    a, b = sampler.generate(model, prompts, PLAIN), gather.generate(model, prompts, PLAIN)
+    assert token_lists(a) == token_lists(b)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    np.testing.assert_allclose(a.entropies, b.entropies, atol=1e-5)
+    assert sampler.last_stats.work_page_steps == 0 < gather.last_stats.work_page_steps
+    with pytest.raises(ValueError, match="paged_attention"):
+        Sampler(model.config, paged_attention="flash")

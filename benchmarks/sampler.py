@@ -277,12 +277,16 @@ def case_straggler(args, model, rng) -> list[str]:
         for cap in caps:
             best[cap] = min(best[cap], run(cap))
     figures = {cap: short * new / seconds for cap, seconds in best.items()}
-    return [f"straggler: {short} rows of {new} new tokens through {slots} slots, with one more row of {new} or {8 * new + 1}",
-            row("short rows' tokens/s, no long row", figures[new]), row("short rows' tokens/s, one long row", figures[8 * new + 1]),
-            row("ratio (with / without)", figures[8 * new + 1] / figures[new], "x"),
-            row("pages held x steps, ratio (without / with)", work[new].held_page_steps / work[8 * new + 1].held_page_steps, "x"),
-            row("work-list pages x steps, ratio (without / with)", work[new].work_page_steps / work[8 * new + 1].work_page_steps, "x"),
-            row("work-list padding, without / with", work[new].attention_padding, f"/ {work[8 * new + 1].attention_padding:.2f}")]
+    without, with_long = work[new], work[8 * new + 1]
+    lines = [f"straggler: {short} rows of {new} new tokens through {slots} slots, with one more row of {new} or {8 * new + 1} "
+             f"({sampler.attention_backend} decode attention)",
+             row("short rows' tokens/s, no long row", figures[new]), row("short rows' tokens/s, one long row", figures[8 * new + 1]),
+             row("ratio (with / without)", figures[8 * new + 1] / figures[new], "x"),
+             row("pages held x steps, ratio (without / with)", without.held_page_steps / with_long.held_page_steps, "x")]
+    if with_long.work_page_steps:  # the gather backend's padded work list (the native kernel reads the held pages)
+        lines += [row("work-list pages x steps, ratio (without / with)", without.work_page_steps / with_long.work_page_steps, "x"),
+                  row("work-list padding, without / with", without.attention_padding, f"/ {with_long.attention_padding:.2f}")]
+    return lines
 
 
 def describe(shape: ModelShape) -> str:

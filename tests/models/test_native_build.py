@@ -1,0 +1,50 @@
+"""The native CPU kernels' build on first use: a cached library per (source, flags,
+compiler, jaxlib, CPU), and a clear fallback when no compiler works."""
+
+import logging
+
+import pytest
+
+from sgs_jax.models import native
+from sgs_jax.models.paged_attention import select_paged_backend
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty kernel cache and a forgotten registration (restored afterwards)."""
+    monkeypatch.setenv("SGS_JAX_KERNEL_CACHE", str(tmp_path / "kernels"))
+    native.paged_attention_target.cache_clear()
+    yield tmp_path / "kernels"
+    native.paged_attention_target.cache_clear()
+
+
+def test_builds_once_into_the_cache(fresh):
+    if native._compiler() is None:
+        pytest.skip("no C++ compiler here")
+    source = native._SOURCE_DIR / "paged_attention.cc"
+    first = native._build(source, native._compiler())
+    assert first.parent == fresh and first.suffix == ".so" and first.stat().st_size > 0
+    mtime = first.stat().st_mtime_ns
+    assert native._build(source, native._compiler()) == first and first.stat().st_mtime_ns == mtime  # cached, not rebuilt
+    assert [p.name for p in fresh.iterdir()] == [first.name]  # no partial files left behind
+
+
+def test_a_failing_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog, tmp_path):
+    broken = tmp_path / "broken-c++"
+    broken.write_text("#!/bin/sh\necho 'broken compiler' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.paged_attention_target() is False
+    assert "broken compiler" in caplog.text and "gather" in caplog.text
+    assert select_paged_backend("auto", "cpu") == "gather"
+    assert not list(fresh.glob("*.so")) and not list(fresh.glob("*.partial"))
+
+
+def test_no_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog):
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.paged_attention_target() is False
+    assert "no C++ compiler" in caplog.text
+    assert select_paged_backend("auto", "cpu") == "gather"
+    assert select_paged_backend("auto", "tpu") == "pallas_tpu"  # other platforms never ask

@@ -12,7 +12,7 @@ setup(
     # Data folders (prompt templates, the testbed's targets, tokenizer and models) are
     # namespace packages, so setuptools ships them as packages with their data files.
     packages=find_namespace_packages(include=["sgs_jax", "sgs_jax.*", "configs", "configs.*"], exclude=["*.__pycache__"]),
-    package_data={"": ["*.json", "*.txt", "*.md", "*.jsonl", "*.gz", "*.safetensors", "*.jinja", "*.cc"]},  # *.cc: native CPU kernels, built on first use
+    package_data={"": ["*.json", "*.txt", "*.md", "*.jsonl", "*.gz", "*.safetensors", "*.jinja", "*.cc", "*.h"]},  # *.cc, *.h: native CPU kernels, built on first use
     # Known-good ranges: jax, flax, orbax and transformers move fast and break each other.
     install_requires=[
         # jax and jaxlib pinned together: libtpu (the `tpu` extra) pairs with one jax release.

@@ -14,8 +14,12 @@ least one key); other rows are finite but unspecified.
 
 Backends (`ModelConfig.attention` chooses; `auto` picks per platform):
   reference  einsum with the fp32 [B, Hkv, G, T, S] scores materialised (tests' reference)
+  native     FlashAttention-2's tiles in C++ for XLA:CPU (`models/native/flash_attention.cc`,
+             XLA FFI calls in a custom VJP; built on first use): never holds [T, S], causal
+             tiles above the diagonal skipped; CPU default where a C++ compiler is found
   blockwise  flash-style online softmax over key blocks in plain JAX, causal blocks
              skipped, custom backward (recomputes per block): never holds [T, S]; CPU
+             fallback
   xla        `jax.nn.dot_product_attention(implementation="xla")` (materialises scores)
   cudnn      cuDNN flash attention through `jax.nn.dot_product_attention`; GPU, bf16/fp16
   splash     the Pallas splash-attention kernel shipped in JAX; TPU (interpret mode
@@ -33,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sgs_jax.models import native as native_kernels
 from sgs_jax.parallel.rules import current_mesh, logical_to_spec
 
 # Masked scores: finite, so a row with nothing visible gives no NaN.
@@ -313,9 +318,54 @@ def _flash_bwd(block, residuals, d_out):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+# ---- native (C++ for XLA:CPU) ----------------------------------------------------------------
+
+
+def native(q, k, v, mask: AttentionMask) -> jax.Array:
+    """Causal self-attention by the native CPU kernels (forward and backward, fp32 inside;
+    any float dtype in and out), per device under `shard_map` inside a mesh. Head dims the
+    kernels do not take (not a multiple of 16, or above 128) run `blockwise`."""
+    if not mask.is_self_attention:
+        raise ValueError("the native backend serves self-attention; cached calls use xla")
+    if q.shape[-1] % 16 or q.shape[-1] > 128:
+        return blockwise(q, k, v, mask)
+    if not native_kernels.flash_attention_targets():
+        raise RuntimeError("the native CPU attention kernels could not be built (see the warning above); use model.attention=blockwise")
+    valid = jnp.ones(q.shape[:2], bool) if mask.kv_valid is None else mask.kv_valid
+    return _per_device(lambda q, k, v, valid: _native_flash(q, k, v, valid.astype(jnp.int32)), q, k, v, valid)
+
+
+@jax.custom_vjp
+def _native_flash(q, k, v, valid):
+    return _native_flash_fwd(q, k, v, valid)[0]
+
+
+def _native_flash_fwd(q, k, v, valid):
+    b, t, hq, d = q.shape
+    f32 = jnp.float32
+    scaled, k32, v32 = q.astype(f32) * f32(d**-0.5), k.astype(f32), v.astype(f32)
+    shapes = (jax.ShapeDtypeStruct(q.shape, f32), jax.ShapeDtypeStruct((b, hq, t), f32))
+    out, lse = jax.ffi.ffi_call(native_kernels.FLASH_FORWARD, shapes)(scaled, k32, v32, valid)
+    return out.astype(q.dtype), (scaled, k32, v32, valid, out, lse)
+
+
+def _native_flash_bwd(residuals, d_out):
+    # q, k and v share the model's compute dtype, which is d_out's.
+    scaled, k, v, valid, out, lse = residuals
+    f32 = jnp.float32
+    shapes = tuple(jax.ShapeDtypeStruct(x.shape, f32) for x in (scaled, k, v))
+    dq, dk, dv = jax.ffi.ffi_call(native_kernels.FLASH_BACKWARD, shapes)(scaled, k, v, valid, out, lse, d_out.astype(f32))
+    # The kernel differentiates with respect to the scaled queries.
+    dq = dq * f32(scaled.shape[-1] ** -0.5)
+    return dq.astype(d_out.dtype), dk.astype(d_out.dtype), dv.astype(d_out.dtype), None
+
+
+_native_flash.defvjp(_native_flash_fwd, _native_flash_bwd)
+
+
 # ---- dispatch ------------------------------------------------------------------------------
 
-BACKENDS = {"reference": reference, "blockwise": blockwise, "xla": xla, "cudnn": cudnn, "splash": splash}
+BACKENDS = {"reference": reference, "blockwise": blockwise, "native": native, "xla": xla, "cudnn": cudnn, "splash": splash}
 
 
 def _platform() -> str:
@@ -331,8 +381,9 @@ def _platform() -> str:
 def select_backend(implementation: str, platform: str, mask: AttentionMask, dtype) -> str:
     """The backend `attend` runs for a `ModelConfig.attention` value on `platform`.
 
-    auto: cpu -> blockwise, gpu -> cudnn (xla for fp32), tpu -> splash. Fused backends serve
-    self-attention only; cached calls fall back to xla. cudnn off GPU is an error."""
+    auto: cpu -> native where its kernels build (else blockwise), gpu -> cudnn (xla for
+    fp32), tpu -> splash. Fused backends serve self-attention only; cached calls fall back
+    to xla. cudnn off GPU is an error."""
     if implementation not in ("auto", *BACKENDS):
         raise ValueError(f"unknown attention implementation {implementation!r}; expected auto or one of {sorted(BACKENDS)}")
     if implementation == "cudnn" and platform != "gpu":
@@ -342,7 +393,9 @@ def select_backend(implementation: str, platform: str, mask: AttentionMask, dtyp
             implementation = "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
         else:
             implementation = {"tpu": "splash"}.get(platform, "blockwise")
-    if not mask.is_self_attention and implementation in ("blockwise", "cudnn", "splash"):
+            if platform == "cpu" and native_kernels.flash_attention_targets():
+                implementation = "native"
+    if not mask.is_self_attention and implementation in ("blockwise", "native", "cudnn", "splash"):
         return "xla"
     return implementation
 

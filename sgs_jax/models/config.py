@@ -18,7 +18,7 @@ import jax.numpy as jnp
 # The RoPE scaling types Hugging Face defines for Llama, besides plain RoPE ("default").
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 REMAT_POLICIES = ("none", "full", "dots", "offload")
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
+ATTENTION_IMPLEMENTATIONS = ("auto", "native", "blockwise", "xla", "cudnn", "splash")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -49,7 +49,7 @@ class ModelConfig:
     dtype: str = "float32"  # activations / matmul compute
     param_dtype: str = "float32"  # stored parameters
     remat_policy: str = "none"  # per-layer rematerialisation in training: none | full | dots | offload (full, saved layer inputs in host memory)
-    attention: str = "auto"  # attention backend (sgs_jax.models.attention): auto | xla | cudnn | splash
+    attention: str = "auto"  # attention backend (sgs_jax.models.attention): auto | native | blockwise | xla | cudnn | splash
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:

@@ -3,25 +3,32 @@ compiler, jaxlib, CPU), and a clear fallback when no compiler works."""
 
 import logging
 
+import jax.numpy as jnp
 import pytest
 
 from sgs_jax.models import native
+from sgs_jax.models.attention import AttentionMask, select_backend
 from sgs_jax.models.paged_attention import select_paged_backend
+
+KERNELS = (native.paged_attention_target, native.flash_attention_targets)
 
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """An empty kernel cache and a forgotten registration (restored afterwards)."""
     monkeypatch.setenv("SGS_JAX_KERNEL_CACHE", str(tmp_path / "kernels"))
-    native.paged_attention_target.cache_clear()
+    for kernel in KERNELS:
+        kernel.cache_clear()
     yield tmp_path / "kernels"
-    native.paged_attention_target.cache_clear()
+    for kernel in KERNELS:
+        kernel.cache_clear()
 
 
-def test_builds_once_into_the_cache(fresh):
+@pytest.mark.parametrize("source", ["paged_attention.cc", "flash_attention.cc"])
+def test_builds_once_into_the_cache(fresh, source):
     if native._compiler() is None:
         pytest.skip("no C++ compiler here")
-    source = native._SOURCE_DIR / "paged_attention.cc"
+    source = native._SOURCE_DIR / source
     first = native._build(source, native._compiler())
     assert first.parent == fresh and first.suffix == ".so" and first.stat().st_size > 0
     mtime = first.stat().st_mtime_ns
@@ -36,8 +43,10 @@ def test_a_failing_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog,
     monkeypatch.setenv("CXX", str(broken))
     with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert native.paged_attention_target() is False
-    assert "broken compiler" in caplog.text and "gather" in caplog.text
+        assert native.flash_attention_targets() is False
+    assert "broken compiler" in caplog.text and "XLA path" in caplog.text
     assert select_paged_backend("auto", "cpu") == "gather"
+    assert select_backend("auto", "cpu", AttentionMask(), jnp.float32) == "blockwise"
     assert not list(fresh.glob("*.so")) and not list(fresh.glob("*.partial"))
 
 
@@ -47,4 +56,5 @@ def test_no_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog):
         assert native.paged_attention_target() is False
     assert "no C++ compiler" in caplog.text
     assert select_paged_backend("auto", "cpu") == "gather"
+    assert select_backend("auto", "cpu", AttentionMask(), jnp.float32) == "blockwise"
     assert select_paged_backend("auto", "tpu") == "pallas_tpu"  # other platforms never ask

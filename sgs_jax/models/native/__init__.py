@@ -3,17 +3,23 @@
     if native.paged_attention_target():   # compiled, loaded and registered (or False)
         jax.ffi.ffi_call(native.PAGED_ATTENTION, ...)
 
+  paged_attention.cc   decode attention over the paged KV pool (`models.paged_attention`)
+  flash_attention.cc   causal self-attention forward and backward for training
+                       (`models.attention.native`)
+  common.h             the vectorised exponential and the work split over XLA's threads
+
 The source files ship in this package. The first process that asks compiles one with the
 host's C++ compiler (`$CXX`, else `c++`, `g++`, `clang++`) against the XLA FFI headers that
 jaxlib ships (`jax.ffi.include_dir()`), for the host CPU (`-march=native`), into a cache
 folder (`$SGS_JAX_KERNEL_CACHE`, default `~/.cache/sgs_jax/kernels`) under a name that
-hashes the source, the flags, the compiler, jaxlib's version and the CPU, so a change of
+hashes the source (and common.h), the flags, the compiler, jaxlib's version and the CPU, so a change of
 any rebuilds and concurrent processes never read a half-written library (each writes its
 own file, then renames it into place). Later processes load the cached library (a few ms).
 
-Without a compiler, or when the build fails, `paged_attention_target()` returns False
-once with a warning that says why, and callers use their XLA path (`models.paged_attention`
-falls back to the gather backend): slower on CPU, same results.
+Without a compiler, or when the build fails, `paged_attention_target()` and
+`flash_attention_targets()` return False once with a warning that says why, and callers use
+their XLA path (the gather backend for decode, blockwise attention for training): slower on
+CPU, the same results up to float rounding.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ import jax
 
 log = logging.getLogger(__name__)
 
-PAGED_ATTENTION = "sgs_paged_attention_cpu"  # the FFI target name (platform cpu)
+PAGED_ATTENTION = "sgs_paged_attention_cpu"  # FFI target names (platform cpu)
+FLASH_FORWARD = "sgs_flash_attention_forward_cpu"
+FLASH_BACKWARD = "sgs_flash_attention_backward_cpu"
 _SOURCE_DIR = Path(__file__).resolve().parent
 _FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp-simd", "-ffast-math")
 _BUILD_TIMEOUT_S = 300
@@ -70,7 +78,8 @@ def _build(source: Path, compiler: str) -> Path:
     attempts = [(*_FLAGS, "-march=native"), _FLAGS]  # the second for compilers without -march=native
     errors = []
     for flags in attempts:
-        key = hashlib.sha256("\0".join([source.read_text(), *flags, compiler, version, jaxlib.__version__, _cpu_signature()]).encode())
+        headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # the shared header(s) it includes
+        key = hashlib.sha256("\0".join([source.read_text(), *headers, *flags, compiler, version, jaxlib.__version__, _cpu_signature()]).encode())
         target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
         if target.exists():
             return target
@@ -90,18 +99,35 @@ def _build(source: Path, compiler: str) -> Path:
     raise RuntimeError(f"{compiler} failed to build {source.name}:\n" + "\n---\n".join(errors))
 
 
+def _load(source: str, targets: dict[str, str], what: str) -> bool:
+    """Build (or find cached) `source`, load it and register each FFI target name ->
+    exported handler symbol for the cpu platform; False (warned once) when it cannot."""
+    compiler = _compiler()
+    if compiler is None:
+        log.warning("no C++ compiler found ($CXX, c++, g++, clang++): %s uses its XLA path", what)
+        return False
+    try:
+        library = ctypes.CDLL(str(_build(_SOURCE_DIR / source, compiler)))
+        for name, symbol in targets.items():
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as error:
+        log.warning("the native kernel %s is unavailable (%s): %s uses its XLA path", source, error, what)
+        return False
+    return True
+
+
 @functools.cache
 def paged_attention_target() -> bool:
     """True once the CPU paged-attention kernel (`paged_attention.cc`) is built, loaded and
-    registered as the FFI target `PAGED_ATTENTION`; False (warned once) when it cannot be."""
-    compiler = _compiler()
-    if compiler is None:
-        log.warning("no C++ compiler found ($CXX, c++, g++, clang++): CPU decode attention uses the XLA gather path")
-        return False
-    try:
-        library = ctypes.CDLL(str(_build(_SOURCE_DIR / "paged_attention.cc", compiler)))
-        jax.ffi.register_ffi_target(PAGED_ATTENTION, jax.ffi.pycapsule(library.SgsPagedAttention), platform="cpu")
-    except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as error:
-        log.warning("the native CPU paged-attention kernel is unavailable (%s): CPU decode attention uses the XLA gather path", error)
-        return False
-    return True
+    registered as the FFI target `PAGED_ATTENTION`; False (warned once) when it cannot be:
+    CPU decode attention then uses the XLA gather."""
+    return _load("paged_attention.cc", {PAGED_ATTENTION: "SgsPagedAttention"}, "CPU decode attention")
+
+
+@functools.cache
+def flash_attention_targets() -> bool:
+    """True once the CPU training attention kernels (`flash_attention.cc`: forward and
+    backward) are built, loaded and registered as `FLASH_FORWARD` / `FLASH_BACKWARD`; False
+    (warned once) when they cannot be: CPU self-attention then uses the blockwise JAX path."""
+    return _load("flash_attention.cc", {FLASH_FORWARD: "SgsFlashAttentionForward", FLASH_BACKWARD: "SgsFlashAttentionBackward"},
+                 "CPU self-attention")

@@ -14,7 +14,7 @@
 //                                                        0 = inactive row, output zeros)
 //   out         [S, Hq, D]                          f32
 //
-// Work is split in (row, KV head) units over XLA's intra-op thread pool; each unit computes
+// Work is split in (row, KV head) units over XLA's intra-op thread pool (`common.h`); each unit computes
 // its G = Hq / Hkv query heads' scores into a scratch row, takes an exact softmax (max,
 // exp, sum) and accumulates the value rows weighted by it. A page id outside [0, pages) (a
 // bug in the host's allocator, `sampling.pages`) fails the call instead of reading past the
@@ -29,9 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+using sgs_native::ExpNonPositive;
 
 namespace {
 
@@ -54,31 +56,6 @@ struct Problem {
   int64_t rows, q_heads, kv_heads, dim, layers, pages, page_size, max_pages;
   int32_t layer;
 };
-
-// e^x for x <= 0 (softmax weights) in a form the compiler vectorises: x = n ln 2 + r with
-// |r| <= ln 2 / 2 (Cody-Waite: ln 2 in two parts, so r keeps float precision), e^r by its
-// Taylor series to degree 7, times 2^n through the exponent bits: within 1e-7 relative of
-// std::exp on [-87, 0]. Below -87 it returns e^-87 (about 1.6e-38), which next to the row's
-// largest weight, 1, is zero.
-inline float ExpNonPositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
-  float poly = 1.0f / 5040.0f;
-  poly = poly * r + 1.0f / 720.0f;
-  poly = poly * r + 1.0f / 120.0f;
-  poly = poly * r + 1.0f / 24.0f;
-  poly = poly * r + 1.0f / 6.0f;
-  poly = poly * r + 0.5f;
-  poly = poly * r + 1.0f;
-  poly = poly * r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &poly, sizeof(bits));
-  bits += static_cast<int32_t>(n) * (1 << 23);
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
 
 // Per-thread scratch: the unit's scores [G, length], softmax sums [G] and output
 // accumulators [G, D].
@@ -193,29 +170,6 @@ bool AttendUnitAnyDim(const Problem& p, int64_t row, int64_t head, Scratch& scra
   }
 }
 
-// Units claimed from a shared counter by the calling thread and by tasks on XLA's pool; the
-// caller returns once every claimed unit is finished. A task that starts after all units
-// are claimed returns without touching the call's buffers (it holds the shared state).
-struct Work {
-  Problem problem;
-  bool bf16;
-  int64_t units;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> finished{0};
-  std::atomic<bool> bad_page{false};
-
-  void Run() {
-    thread_local Scratch scratch;
-    for (int64_t unit = next.fetch_add(1); unit < units; unit = next.fetch_add(1)) {
-      const int64_t row = unit / problem.kv_heads, head = unit % problem.kv_heads;
-      const bool ok = bf16 ? AttendUnitAnyDim<uint16_t>(problem, row, head, scratch)
-                           : AttendUnitAnyDim<float>(problem, row, head, scratch);
-      if (!ok) bad_page.store(true, std::memory_order_relaxed);
-      finished.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
 ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer keys, ffi::AnyBuffer values,
                               ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::S32> lengths,
                               ffi::ResultBuffer<ffi::F32> out) {
@@ -229,8 +183,7 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
       (keys.element_type() != ffi::F32 && keys.element_type() != ffi::BF16)) {
     return ffi::Error::InvalidArgument("paged attention: the pool must be f32 or bf16, keys and values alike");
   }
-  auto work = std::make_shared<Work>();
-  Problem& p = work->problem;
+  Problem p;
   p.rows = qd[0];
   p.q_heads = qd[1];
   p.dim = qd[2];
@@ -255,16 +208,15 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
       return ffi::Error::InvalidArgument("paged attention: a row is longer than its page table");
     }
   }
-  work->bf16 = keys.element_type() == ffi::BF16;
-  work->units = p.rows * p.kv_heads;
-
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->units) - 1;
-  for (int64_t i = 0; i < helpers; ++i) {
-    pool.Schedule([work] { work->Run(); });
-  }
-  work->Run();
-  while (work->finished.load(std::memory_order_acquire) < work->units) std::this_thread::yield();
-  if (work->bad_page.load()) return ffi::Error::InvalidArgument("paged attention: a page id outside the pool");
+  const bool bf16 = keys.element_type() == ffi::BF16;
+  std::atomic<bool> bad_page{false};
+  sgs_native::ParallelFor(pool, p.rows * p.kv_heads, [&p, bf16, &bad_page](int64_t unit) {
+    thread_local Scratch scratch;
+    const int64_t row = unit / p.kv_heads, head = unit % p.kv_heads;
+    const bool ok = bf16 ? AttendUnitAnyDim<uint16_t>(p, row, head, scratch) : AttendUnitAnyDim<float>(p, row, head, scratch);
+    if (!ok) bad_page.store(true, std::memory_order_relaxed);
+  });
+  if (bad_page.load()) return ffi::Error::InvalidArgument("paged attention: a page id outside the pool");
   return ffi::Error::Success();
 }
 

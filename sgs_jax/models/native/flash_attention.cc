@@ -1,0 +1,355 @@
+// Causal self-attention for XLA:CPU training, forward and backward, as XLA FFI custom calls.
+//
+// The CPU counterpart of the fused training kernels (cuDNN, splash): FlashAttention-2's
+// schedule in tiles of 64 queries x 64 keys, so the [T, S] scores never exist whole and the
+// tiles above the diagonal are never computed. The JAX side
+// (`sgs_jax.models.attention.native`) wraps the two calls in a custom VJP. Built and
+// registered by `native/__init__.py`.
+//
+//   forward:  q [B, T, Hq, D], k/v [B, T, Hkv, D], valid [B, T] s32 (1 = real key)
+//             -> out [B, T, Hq, D], lse [B, Hq, T]      (q pre-scaled by D^-1/2; all f32)
+//   backward: q, k, v, valid, out, lse, d_out -> dq (w.r.t. the scaled q), dk, dv
+//
+// D must be a multiple of 16 (one 16-float vector per 16 dims; the JAX side checks). Query t
+// sees keys s <= t with valid[s]; a query that sees no key gets output 0 and log-sum-exp
+// -1e30 (and no gradient). Work is split in (batch row, KV head) units over XLA's intra-op
+// thread pool; a unit owns its G = Hq / Hkv query heads, so dk / dv sum over the group
+// without sharing. Inside a unit, rows are copied into zero-padded [T64, D] buffers (T64 =
+// T rounded up to 64), so every tile is full and the tile products below run on fixed
+// shapes the compiler keeps in vector registers.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+using sgs_native::ExpNonPositive;
+
+namespace {
+
+constexpr int64_t kTile = 64;  // query and key rows per tile
+constexpr float kMasked = -1e30f;
+
+typedef float Vec __attribute__((vector_size(64)));  // 16 floats (two AVX2 registers without AVX-512)
+
+inline Vec Load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
+inline Vec Splat(float x) { return Vec{} + x; }
+
+struct Dims {
+  int64_t batch, length, q_heads, kv_heads, dim, padded;
+  int64_t group() const { return q_heads / kv_heads; }
+};
+
+// Rows [T, D] of head h in batch row b of a [B, T, H, D] tensor, copied into / out of a
+// padded [T64, D] buffer (padding rows zero).
+void Gather(const float* x, int64_t heads, const Dims& d, int64_t b, int64_t h, float* rows) {
+  for (int64_t t = 0; t < d.length; ++t) {
+    std::memcpy(rows + t * d.dim, x + ((b * d.length + t) * heads + h) * d.dim, sizeof(float) * d.dim);
+  }
+  std::fill(rows + d.length * d.dim, rows + d.padded * d.dim, 0.0f);
+}
+
+void Scatter(const float* rows, int64_t heads, const Dims& d, int64_t b, int64_t h, float* x) {
+  for (int64_t t = 0; t < d.length; ++t) {
+    std::memcpy(x + ((b * d.length + t) * heads + h) * d.dim, rows + t * d.dim, sizeof(float) * d.dim);
+  }
+}
+
+// [T64, D] -> [D, T64].
+void Transpose(const float* rows, int64_t length, int64_t dim, float* cols) {
+  for (int64_t t = 0; t < length; ++t) {
+    for (int64_t c = 0; c < dim; ++c) cols[c * length + t] = rows[t * dim + c];
+  }
+}
+
+// s[64, 64] = a[64, D] . bt[:, c0 : c0 + 64] (bt is [D, ld]): four query rows at a time
+// against the 64 keys (16 accumulators).
+template <int DV>
+void TileScores(const float* a, const float* bt, int64_t ld, int64_t c0, float* s) {
+  constexpr int64_t D = 16 * DV;
+  for (int64_t r = 0; r < kTile; r += 4) {
+    Vec acc[4][4] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      const float* row = bt + d * ld + c0;
+      const Vec b0 = Load(row), b1 = Load(row + 16), b2 = Load(row + 32), b3 = Load(row + 48);
+      for (int rr = 0; rr < 4; ++rr) {
+        const Vec x = Splat(a[(r + rr) * D + d]);
+        acc[rr][0] += x * b0;
+        acc[rr][1] += x * b1;
+        acc[rr][2] += x * b2;
+        acc[rr][3] += x * b3;
+      }
+    }
+    for (int rr = 0; rr < 4; ++rr) {
+      for (int j = 0; j < 4; ++j) Store(s + (r + rr) * kTile + 16 * j, acc[rr][j]);
+    }
+  }
+}
+
+// Output rows per register block of the [64, D] accumulations (at most 16 accumulators).
+template <int DV>
+constexpr int kRows = DV <= 1 ? 8 : DV <= 2 ? 8 : (DV <= 4 ? 4 : 2);
+
+// out[64, D] += p[64, 64] . b[64, D] (transposed = false), or out[64, D] += p^T . b
+// (transposed = true, p read column-wise): R output rows at a time.
+template <int DV, bool kTransposed>
+void TileApply(const float* p, const float* b, float* out) {
+  constexpr int64_t D = 16 * DV;
+  constexpr int R = kRows<DV>;
+  for (int64_t r = 0; r < kTile; r += R) {
+    Vec acc[R][DV];
+    for (int rr = 0; rr < R; ++rr) {
+      for (int j = 0; j < DV; ++j) acc[rr][j] = Load(out + (r + rr) * D + 16 * j);
+    }
+    for (int64_t c = 0; c < kTile; ++c) {
+      Vec row[DV];
+      for (int j = 0; j < DV; ++j) row[j] = Load(b + c * D + 16 * j);
+      for (int rr = 0; rr < R; ++rr) {
+        const Vec w = Splat(kTransposed ? p[c * kTile + r + rr] : p[(r + rr) * kTile + c]);
+        for (int j = 0; j < DV; ++j) acc[rr][j] += w * row[j];
+      }
+    }
+    for (int rr = 0; rr < R; ++rr) {
+      for (int j = 0; j < DV; ++j) Store(out + (r + rr) * D + 16 * j, acc[rr][j]);
+    }
+  }
+}
+
+// Masks scores of the tile at query rows q0.. and keys k0..: causal, key validity, and
+// query rows past the sequence (padding rows). Most tiles need none of it: those below the
+// diagonal, inside the sequence, with every key valid (`valid_tiles[k0 / 64]`) return at once.
+void Mask(float* s, int64_t q0, int64_t k0, int64_t length, const int32_t* valid, const std::vector<char>& valid_tiles) {
+  if (k0 < q0 && q0 + kTile <= length && valid_tiles[k0 / kTile]) return;
+  for (int64_t r = 0; r < kTile; ++r) {
+    float* sr = s + r * kTile;
+    const bool real_row = q0 + r < length;
+    for (int64_t c = 0; c < kTile; ++c) {
+      if (!real_row || k0 + c > q0 + r || !valid[k0 + c]) sr[c] = kMasked;
+    }
+  }
+}
+
+// Per key tile: whether all its 64 keys are valid.
+std::vector<char> ValidTiles(const std::vector<int32_t>& valid, int64_t padded) {
+  std::vector<char> tiles(padded / kTile, 1);
+  for (int64_t t = 0; t < padded; ++t) tiles[t / kTile] &= valid[t] != 0;
+  return tiles;
+}
+
+struct Buffers {
+  const float *q, *k, *v, *out, *lse, *d_out;
+  const int32_t* valid;
+  float *out_w, *lse_w, *dq, *dk, *dv;
+};
+
+template <int DV>
+void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
+  constexpr int64_t D = 16 * DV;
+  const int64_t T = d.length, T64 = d.padded;
+  std::vector<float> rows(T64 * D), kt(D * T64), v(T64 * D), q(T64 * D), o(T64 * D), s(kTile * kTile), m(kTile), l(kTile);
+  std::vector<int32_t> valid(T64, 0);
+  std::copy(io.valid + b * T, io.valid + (b + 1) * T, valid.begin());
+  const std::vector<char> valid_tiles = ValidTiles(valid, T64);
+  Gather(io.k, d.kv_heads, d, b, kh, rows.data());
+  Transpose(rows.data(), T64, D, kt.data());
+  Gather(io.v, d.kv_heads, d, b, kh, v.data());
+  for (int64_t g = 0; g < d.group(); ++g) {
+    const int64_t h = kh * d.group() + g;
+    Gather(io.q, d.q_heads, d, b, h, q.data());
+    std::fill(o.begin(), o.end(), 0.0f);
+    for (int64_t q0 = 0; q0 < T; q0 += kTile) {
+      std::fill(m.begin(), m.end(), kMasked);
+      std::fill(l.begin(), l.end(), 0.0f);
+      float* oq = o.data() + q0 * D;
+      for (int64_t k0 = 0; k0 <= q0; k0 += kTile) {
+        TileScores<DV>(q.data() + q0 * D, kt.data(), T64, k0, s.data());
+        Mask(s.data(), q0, k0, T, valid.data(), valid_tiles);
+        for (int64_t r = 0; r < kTile; ++r) {
+          float* sr = s.data() + r * kTile;
+          float peak = m[r];
+          for (int64_t c = 0; c < kTile; ++c) peak = std::max(peak, sr[c]);
+          float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+          for (int64_t c = 0; c < kTile; ++c) {
+            const float w = ExpNonPositive(sr[c] - peak);
+            sr[c] = sr[c] <= kMasked ? 0.0f : w;
+            total += sr[c];
+          }
+          const float correction = ExpNonPositive(m[r] - peak);
+          l[r] = l[r] * correction + total;
+          m[r] = peak;
+          float* orow = oq + r * D;
+          for (int64_t e = 0; e < D; ++e) orow[e] *= correction;
+        }
+        TileApply<DV, false>(s.data(), v.data() + k0 * D, oq);
+      }
+      for (int64_t r = 0; r < kTile && q0 + r < T; ++r) {
+        const bool seen = l[r] > 0.0f;
+        const float inverse = seen ? 1.0f / l[r] : 0.0f;
+        for (int64_t e = 0; e < D; ++e) oq[r * D + e] *= inverse;
+        io.lse_w[(b * d.q_heads + h) * T + q0 + r] = seen ? m[r] + std::log(l[r]) : kMasked;
+      }
+    }
+    Scatter(o.data(), d.q_heads, d, b, h, io.out_w);
+  }
+}
+
+template <int DV>
+void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
+  constexpr int64_t D = 16 * DV;
+  const int64_t T = d.length, T64 = d.padded;
+  std::vector<float> k(T64 * D), kt(D * T64), v(T64 * D), vt(D * T64), q(T64 * D), o(T64 * D), dout(T64 * D), dq(T64 * D);
+  std::vector<float> dk(T64 * D, 0.0f), dv(T64 * D, 0.0f), delta(T64), lse(T64), p(kTile * kTile), dp(kTile * kTile);
+  std::vector<int32_t> valid(T64, 0);
+  std::copy(io.valid + b * T, io.valid + (b + 1) * T, valid.begin());
+  const std::vector<char> valid_tiles = ValidTiles(valid, T64);
+  Gather(io.k, d.kv_heads, d, b, kh, k.data());
+  Transpose(k.data(), T64, D, kt.data());
+  Gather(io.v, d.kv_heads, d, b, kh, v.data());
+  Transpose(v.data(), T64, D, vt.data());
+  for (int64_t g = 0; g < d.group(); ++g) {
+    const int64_t h = kh * d.group() + g;
+    Gather(io.q, d.q_heads, d, b, h, q.data());
+    Gather(io.out, d.q_heads, d, b, h, o.data());
+    Gather(io.d_out, d.q_heads, d, b, h, dout.data());
+    std::copy(io.lse + (b * d.q_heads + h) * T, io.lse + (b * d.q_heads + h + 1) * T, lse.begin());
+    for (int64_t t = 0; t < T64; ++t) {
+      float acc = 0.0f;
+      for (int64_t e = 0; e < D; ++e) acc += dout[t * D + e] * o[t * D + e];
+      delta[t] = acc;
+    }
+    std::fill(dq.begin(), dq.end(), 0.0f);
+    for (int64_t k0 = 0; k0 < T; k0 += kTile) {
+      for (int64_t q0 = k0; q0 < T; q0 += kTile) {
+        // P = exp(S - lse), masked entries exactly 0.
+        TileScores<DV>(q.data() + q0 * D, kt.data(), T64, k0, p.data());
+        Mask(p.data(), q0, k0, T, valid.data(), valid_tiles);
+        for (int64_t r = 0; r < kTile; ++r) {
+          float* pr = p.data() + r * kTile;
+          const float row_lse = lse[std::min(q0 + r, T - 1)];
+#pragma omp simd
+          for (int64_t c = 0; c < kTile; ++c) {
+            const float w = ExpNonPositive(std::min(pr[c] - row_lse, 0.0f));
+            pr[c] = pr[c] <= kMasked ? 0.0f : w;
+          }
+        }
+        TileApply<DV, true>(p.data(), dout.data() + q0 * D, dv.data() + k0 * D);  // dV += P^T dO
+        TileScores<DV>(dout.data() + q0 * D, vt.data(), T64, k0, dp.data());       // dP = dO V^T
+        for (int64_t r = 0; r < kTile; ++r) {
+          float* pr = p.data() + r * kTile;
+          const float* dpr = dp.data() + r * kTile;
+          const float dr = delta[q0 + r];
+#pragma omp simd
+          for (int64_t c = 0; c < kTile; ++c) pr[c] = pr[c] * (dpr[c] - dr);  // dS, in place of P
+        }
+        TileApply<DV, false>(p.data(), k.data() + k0 * D, dq.data() + q0 * D);  // dQ += dS K
+        TileApply<DV, true>(p.data(), q.data() + q0 * D, dk.data() + k0 * D);   // dK += dS^T Q
+      }
+    }
+    Scatter(dq.data(), d.q_heads, d, b, h, io.dq);
+  }
+  Scatter(dk.data(), d.kv_heads, d, b, kh, io.dk);
+  Scatter(dv.data(), d.kv_heads, d, b, kh, io.dv);
+}
+
+// Runs Unit<DV>(d, io, b, kh) over every (b, kh) for the DV of d.dim.
+template <typename Forward>
+ffi::Error RunUnits(ffi::ThreadPool& pool, const Dims& d, const Buffers& io, Forward) {
+  auto run = [&](auto unit_fn) {
+    sgs_native::ParallelFor(pool, d.batch * d.kv_heads, [&d, io, unit_fn](int64_t unit) {
+      unit_fn(d, io, unit / d.kv_heads, unit % d.kv_heads);
+    });
+    return ffi::Error::Success();
+  };
+  switch (d.dim / 16) {
+    case 1: return run(Forward::template Unit<1>);
+    case 2: return run(Forward::template Unit<2>);
+    case 3: return run(Forward::template Unit<3>);
+    case 4: return run(Forward::template Unit<4>);
+    case 5: return run(Forward::template Unit<5>);
+    case 6: return run(Forward::template Unit<6>);
+    case 7: return run(Forward::template Unit<7>);
+    case 8: return run(Forward::template Unit<8>);
+    default: return ffi::Error::InvalidArgument("flash attention: head dim must be a multiple of 16, at most 128");
+  }
+}
+
+struct ForwardKind {
+  template <int DV>
+  static void Unit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) { ForwardUnit<DV>(d, io, b, kh); }
+};
+struct BackwardKind {
+  template <int DV>
+  static void Unit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) { BackwardUnit<DV>(d, io, b, kh); }
+};
+
+ffi::Error DimsOf(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::S32>& valid, Dims* d) {
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  auto vd = valid.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 2 || kd[0] != qd[0] || kd[1] != qd[1] || kd[3] != qd[3] ||
+      qd[2] % kd[2] != 0 || vd[0] != qd[0] || vd[1] != qd[1] || qd[3] % 16 != 0 || qd[3] > 128) {
+    return ffi::Error::InvalidArgument(
+        "flash attention: expected q [B, T, Hq, D], k/v [B, T, Hkv, D], valid [B, T], D a multiple of 16 up to 128");
+  }
+  *d = Dims{qd[0], qd[1], qd[2], kd[2], qd[3], (qd[1] + kTile - 1) / kTile * kTile};
+  return ffi::Error::Success();
+}
+
+ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                       ffi::Buffer<ffi::S32> valid, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
+  Dims d;
+  if (auto error = DimsOf(q, k, valid, &d); error.failure()) return error;
+  Buffers io{q.typed_data(), k.typed_data(), v.typed_data(), nullptr, nullptr, nullptr, valid.typed_data(),
+             out->typed_data(), lse->typed_data(), nullptr, nullptr, nullptr};
+  return RunUnits(pool, d, io, ForwardKind{});
+}
+
+ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                        ffi::Buffer<ffi::S32> valid, ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
+                        ffi::Buffer<ffi::F32> d_out, ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
+                        ffi::ResultBuffer<ffi::F32> dv) {
+  Dims d;
+  if (auto error = DimsOf(q, k, valid, &d); error.failure()) return error;
+  Buffers io{q.typed_data(), k.typed_data(), v.typed_data(), out.typed_data(), lse.typed_data(), d_out.typed_data(),
+             valid.typed_data(), nullptr, nullptr, dq->typed_data(), dk->typed_data(), dv->typed_data()};
+  return RunUnits(pool, d, io, BackwardKind{});
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SgsFlashAttentionForward, ForwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q (scaled)
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // valid
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // lse
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SgsFlashAttentionBackward, BackwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q (scaled)
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // valid
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // out
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // d_out
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // dq
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // dk
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // dv
+);

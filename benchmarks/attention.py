@@ -53,7 +53,7 @@ def main(argv=None) -> None:
 
         sides = {"torch scaled_dot_product_attention": torch_step}
         jq, jk, jv = map(jnp.asarray, (q, k, v))
-        for name in ("reference", "xla", "blockwise"):
+        for name in ("reference", "xla", "blockwise", "native"):
             fn = attention.BACKENDS[name]
             grad = jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, mask) ** 2), argnums=(0, 1, 2)))
             sides[name] = lambda grad=grad: jax.block_until_ready(grad(jq, jk, jv))

@@ -9,9 +9,11 @@ micro-batches to the Trainer's length buckets, PyTorch to each micro-batch's lon
 Both are warmed up the same way (two full optimiser steps on the whole batch: compilation
 for us, allocator and kernel caches for PyTorch), then timed alternately, `--repeats`
 times `--steps` steps each, and the best of each side is reported. Tokens/s counts real
-(unpadded) model input tokens per optimiser step. Ours runs twice, with the default
-`remat_policy="none"` (the headline ratio) and with `"dots"`, timed alternately with the
-rest: remat is a setting a CPU run can choose.
+(unpadded) model input tokens per optimiser step. Ours runs three times, timed alternately
+with the rest: the defaults (`remat_policy="none"`, `attention="auto"`: the native CPU
+attention kernels where they build; the headline ratio), `remat_policy="dots"`, and
+`attention="blockwise"` (the plain-JAX attention the native kernels replace): settings a
+CPU run can choose.
 
     python benchmarks/train_step.py [--seq 256 1024] [--steps 3] [--repeats 3] [--batch 8] [--micro 4]
 """
@@ -31,6 +33,7 @@ import transformers
 from timing import alternated_best
 
 from sgs_jax.models import load_hf, save_hf, tiny
+from sgs_jax.models.attention import AttentionMask, select_backend
 from sgs_jax.models.build import create_model
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.rl.optimizer import OptimizerConfig
@@ -59,8 +62,8 @@ def train_config(seq: int, batch: int, micro: int) -> TrainConfig:
     return TrainConfig(batch_size=batch, micro_batch_size=micro, max_seq_len=seq, optimizer=OptimizerConfig(learning_rate=1e-5))
 
 
-# Our step runs under the default policy (the headline ratio) and under "dots".
-REMAT_POLICIES_TIMED = ("none", "dots")
+# Our step's variants: (remat_policy, attention) per side; "default" is the headline ratio.
+VARIANTS = {"default": ("none", "auto"), "dots": ("dots", "auto"), "blockwise": ("none", "blockwise")}
 
 
 def _jax_step(trainer: Trainer, examples) -> None:
@@ -97,25 +100,28 @@ def run(seq: int, args) -> float:
     tokens = sum(e.num_inputs for e in examples)
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(create_model(config, seed=0), tmp)
-        # Ours twice, the same weights under each remat policy (REMAT_POLICIES_TIMED).
-        trainers = {policy: Trainer(load_hf(tmp, remat_policy=policy), train_config(seq, args.batch, args.micro))
-                    for policy in REMAT_POLICIES_TIMED}
+        # Ours three times, the same weights under each variant (VARIANTS).
+        trainers = {name: Trainer(load_hf(tmp, remat_policy=remat, attention=attention), train_config(seq, args.batch, args.micro))
+                    for name, (remat, attention) in VARIANTS.items()}
         theirs = transformers.LlamaForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=torch.float32)
     opt = torch.optim.Adam(theirs.parameters(), lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-    sides = {policy: functools.partial(_jax_step, trainer, examples) for policy, trainer in trainers.items()}
+    sides = {name: functools.partial(_jax_step, trainer, examples) for name, trainer in trainers.items()}
     sides["torch"] = functools.partial(torch_step, theirs, opt, examples, args.micro)
 
     # Two warm-up steps on the full batch, all sides alike; then alternated timings.
     best = alternated_best(sides, args.repeats, calls=args.steps, warmup=2)
-    ours_s, dots_s, ref_s = best["none"], best["dots"], best["torch"]
+    ours_s, dots_s, blockwise_s, ref_s = best["default"], best["dots"], best["blockwise"], best["torch"]
+    attention = select_backend("auto", jax.default_backend(), AttentionMask(), np.float32)
     print(f"train step, {config.num_params() / 1e6:.1f}M params, {args.batch} seqs x {seq // 2}-{seq} tokens, "
           f"{args.micro} per micro-batch, {jax.devices()[0].platform}, {torch.get_num_threads()} threads, "
           f"best of {args.repeats} x {args.steps} steps")
-    print(f"{'implementation':<34}{'s/step':>10}{'tokens/s':>12}")
-    print(f"{'sgs_jax Trainer (JAX, jitted)':<34}{ours_s:>10.3f}{tokens / ours_s:>12.0f}")
-    print(f"{'  the same, remat_policy=dots':<34}{dots_s:>10.3f}{tokens / dots_s:>12.0f}")
-    print(f"{'transformers + torch.optim.Adam':<34}{ref_s:>10.3f}{tokens / ref_s:>12.0f}")
-    print(f"ratio (ours / reference tokens/s): {ref_s / ours_s:.2f}; with remat_policy=dots: {ref_s / dots_s:.2f}")
+    print(f"{'implementation':<44}{'s/step':>10}{'tokens/s':>12}")
+    print(f"{'sgs_jax Trainer (JAX, jitted; defaults)':<44}{ours_s:>10.3f}{tokens / ours_s:>12.0f}")
+    print(f"{'  the same, remat_policy=dots':<44}{dots_s:>10.3f}{tokens / dots_s:>12.0f}")
+    print(f"{'  the same, attention=blockwise':<44}{blockwise_s:>10.3f}{tokens / blockwise_s:>12.0f}")
+    print(f"{'transformers + torch.optim.Adam':<44}{ref_s:>10.3f}{tokens / ref_s:>12.0f}")
+    print(f"ratio (ours / reference tokens/s): {ref_s / ours_s:.2f}; with remat_policy=dots: {ref_s / dots_s:.2f}; "
+          f"with attention=blockwise: {ref_s / blockwise_s:.2f} (default attention here: {attention})")
     return ref_s / ours_s
 
 

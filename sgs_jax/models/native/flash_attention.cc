@@ -152,17 +152,34 @@ struct Buffers {
   float *out_w, *lse_w, *dq, *dk, *dv;
 };
 
+// A unit's keys and values copied out of the [B, T, Hkv, D] inputs into padded rows, the
+// keys also transposed (and the values, for the backward's dO V^T), with key validity.
+struct UnitKeys {
+  std::vector<int32_t> valid;
+  std::vector<char> valid_tiles;
+  std::vector<float> k, kt, v, vt;
+
+  UnitKeys(const Dims& d, const Buffers& io, int64_t b, int64_t kh, bool transposed_values)
+      : valid(d.padded, 0), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim) {
+    std::copy(io.valid + b * d.length, io.valid + (b + 1) * d.length, valid.begin());
+    valid_tiles = ValidTiles(valid, d.padded);
+    Gather(io.k, d.kv_heads, d, b, kh, k.data());
+    Transpose(k.data(), d.padded, d.dim, kt.data());
+    Gather(io.v, d.kv_heads, d, b, kh, v.data());
+    if (transposed_values) {
+      vt.resize(d.dim * d.padded);
+      Transpose(v.data(), d.padded, d.dim, vt.data());
+    }
+  }
+};
+
 template <int DV>
 void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
   constexpr int64_t D = 16 * DV;
   const int64_t T = d.length, T64 = d.padded;
-  std::vector<float> rows(T64 * D), kt(D * T64), v(T64 * D), q(T64 * D), o(T64 * D), s(kTile * kTile), m(kTile), l(kTile);
-  std::vector<int32_t> valid(T64, 0);
-  std::copy(io.valid + b * T, io.valid + (b + 1) * T, valid.begin());
-  const std::vector<char> valid_tiles = ValidTiles(valid, T64);
-  Gather(io.k, d.kv_heads, d, b, kh, rows.data());
-  Transpose(rows.data(), T64, D, kt.data());
-  Gather(io.v, d.kv_heads, d, b, kh, v.data());
+  const UnitKeys keys(d, io, b, kh, /*transposed_values=*/false);
+  const std::vector<float>&kt = keys.kt, &v = keys.v;
+  std::vector<float> q(T64 * D), o(T64 * D), s(kTile * kTile), m(kTile), l(kTile);
   for (int64_t g = 0; g < d.group(); ++g) {
     const int64_t h = kh * d.group() + g;
     Gather(io.q, d.q_heads, d, b, h, q.data());
@@ -173,7 +190,7 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
       float* oq = o.data() + q0 * D;
       for (int64_t k0 = 0; k0 <= q0; k0 += kTile) {
         TileScores<DV>(q.data() + q0 * D, kt.data(), T64, k0, s.data());
-        Mask(s.data(), q0, k0, T, valid.data(), valid_tiles);
+        Mask(s.data(), q0, k0, T, keys.valid.data(), keys.valid_tiles);
         for (int64_t r = 0; r < kTile; ++r) {
           float* sr = s.data() + r * kTile;
           float peak = m[r];
@@ -208,15 +225,10 @@ template <int DV>
 void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
   constexpr int64_t D = 16 * DV;
   const int64_t T = d.length, T64 = d.padded;
-  std::vector<float> k(T64 * D), kt(D * T64), v(T64 * D), vt(D * T64), q(T64 * D), o(T64 * D), dout(T64 * D), dq(T64 * D);
+  const UnitKeys keys(d, io, b, kh, /*transposed_values=*/true);
+  const std::vector<float>&k = keys.k, &kt = keys.kt, &vt = keys.vt;
+  std::vector<float> q(T64 * D), o(T64 * D), dout(T64 * D), dq(T64 * D);
   std::vector<float> dk(T64 * D, 0.0f), dv(T64 * D, 0.0f), delta(T64), lse(T64), p(kTile * kTile), dp(kTile * kTile);
-  std::vector<int32_t> valid(T64, 0);
-  std::copy(io.valid + b * T, io.valid + (b + 1) * T, valid.begin());
-  const std::vector<char> valid_tiles = ValidTiles(valid, T64);
-  Gather(io.k, d.kv_heads, d, b, kh, k.data());
-  Transpose(k.data(), T64, D, kt.data());
-  Gather(io.v, d.kv_heads, d, b, kh, v.data());
-  Transpose(v.data(), T64, D, vt.data());
   for (int64_t g = 0; g < d.group(); ++g) {
     const int64_t h = kh * d.group() + g;
     Gather(io.q, d.q_heads, d, b, h, q.data());
@@ -233,7 +245,7 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
       for (int64_t q0 = k0; q0 < T; q0 += kTile) {
         // P = exp(S - lse), masked entries exactly 0.
         TileScores<DV>(q.data() + q0 * D, kt.data(), T64, k0, p.data());
-        Mask(p.data(), q0, k0, T, valid.data(), valid_tiles);
+        Mask(p.data(), q0, k0, T, keys.valid.data(), keys.valid_tiles);
         for (int64_t r = 0; r < kTile; ++r) {
           float* pr = p.data() + r * kTile;
           const float row_lse = lse[std::min(q0 + r, T - 1)];
@@ -326,30 +338,23 @@ ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buff
   return RunUnits(pool, d, io, BackwardKind{});
 }
 
+// The operands both calls start with: the thread pool, q (scaled), k, v, valid.
+auto BindInputs() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::S32>>();
+}
+
+using F32 = ffi::Buffer<ffi::F32>;
+
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SgsFlashAttentionForward, ForwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // q (scaled)
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // k
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // v
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // valid
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // out
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // lse
-);
+// -> out, lse
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SgsFlashAttentionForward, ForwardImpl, BindInputs().Ret<F32>().Ret<F32>());
 
+// (out, lse, d_out) -> dq, dk, dv
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SgsFlashAttentionBackward, BackwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // q (scaled)
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // k
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // v
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // valid
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // out
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // lse
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // d_out
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // dq
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // dk
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // dv
-);
+                              BindInputs().Arg<F32>().Arg<F32>().Arg<F32>().Ret<F32>().Ret<F32>().Ret<F32>());

@@ -96,15 +96,20 @@ bool AttendUnit(const Problem& p, int64_t row, int64_t head, Scratch& scratch) {
     const int64_t size = std::min(p.page_size, length - column * p.page_size) * dim * static_cast<int64_t>(sizeof(KV));
     for (int64_t offset = 0; offset < size; offset += 64) __builtin_prefetch(bytes + offset);
   };
+  // fn(page, first position, tokens) for each of the row's pages of `pool`, in order.
+  auto for_each_page = [&](const KV* pool, auto fn) {
+    prefetch(pool, 0);
+    for (int64_t column = 0; column < num_pages; ++column) {
+      prefetch(pool, column + 1);
+      const int64_t start = column * p.page_size;
+      fn(pool + static_cast<int64_t>(table[column]) * page_elems, start, std::min(p.page_size, length - start));
+    }
+  };
   scratch.scores.resize(static_cast<size_t>(group * length));
   float* scores = scratch.scores.data();
 
   // Scores, page by page (a page stays in L1 across the G query heads).
-  prefetch(keys, 0);
-  for (int64_t column = 0; column < num_pages; ++column) {
-    prefetch(keys, column + 1);
-    const KV* page = keys + static_cast<int64_t>(table[column]) * page_elems;
-    const int64_t start = column * p.page_size, n = std::min(p.page_size, length - start);
+  for_each_page(keys, [&](const KV* page, int64_t start, int64_t n) {
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * dim;
       float* s = scores + g * length + start;
@@ -116,9 +121,8 @@ bool AttendUnit(const Problem& p, int64_t row, int64_t head, Scratch& scratch) {
         s[i] = acc;
       }
     }
-  }
+  });
   // Exact softmax per query head: weights e^(s - max), divided by their sum at the end.
-  prefetch(values, 0);
   scratch.totals.resize(static_cast<size_t>(group));
   scratch.acc.assign(static_cast<size_t>(group * dim), 0.0f);
   float* acc = scratch.acc.data();
@@ -135,10 +139,7 @@ bool AttendUnit(const Problem& p, int64_t row, int64_t head, Scratch& scratch) {
     scratch.totals[g] = total;
   }
   // Weighted values, page by page.
-  for (int64_t column = 0; column < num_pages; ++column) {
-    prefetch(values, column + 1);
-    const KV* page = values + static_cast<int64_t>(table[column]) * page_elems;
-    const int64_t start = column * p.page_size, n = std::min(p.page_size, length - start);
+  for_each_page(values, [&](const KV* page, int64_t start, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
       const KV* v = page + i * dim;
       for (int64_t g = 0; g < group; ++g) {
@@ -148,7 +149,7 @@ bool AttendUnit(const Problem& p, int64_t row, int64_t head, Scratch& scratch) {
         for (int64_t d = 0; d < dim; ++d) ag[d] += w * ToFloat(v[d]);
       }
     }
-  }
+  });
   for (int64_t g = 0; g < group; ++g) {
     const float inverse = 1.0f / scratch.totals[g];
     const float* ag = acc + g * dim;

@@ -383,11 +383,13 @@ def select_backend(implementation: str, platform: str, mask: AttentionMask, dtyp
 
     auto: cpu -> native where its kernels build (else blockwise), gpu -> cudnn (xla for
     fp32), tpu -> splash. Fused backends serve self-attention only; cached calls fall back
-    to xla. cudnn off GPU is an error."""
+    to xla. cudnn off GPU and native off CPU are errors."""
     if implementation not in ("auto", *BACKENDS):
         raise ValueError(f"unknown attention implementation {implementation!r}; expected auto or one of {sorted(BACKENDS)}")
     if implementation == "cudnn" and platform != "gpu":
         raise ValueError(f"model.attention='cudnn' needs a GPU (compiling for {platform})")
+    if implementation == "native" and platform != "cpu":
+        raise ValueError(f"model.attention='native' is the CPU kernel (compiling for {platform})")
     if implementation == "auto":
         if platform == "gpu":
             implementation = "cudnn" if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"

@@ -43,7 +43,10 @@ PAGED_BACKENDS = ("gather", "native", "pallas_tpu", "pallas_gpu")
 def select_paged_backend(implementation: str, platform: str) -> str:
     """The paged decode backend for `ModelConfig.attention` on `platform`: the platform's
     kernel for auto (and for splash on TPU, cudnn on GPU): Pallas on TPU and GPU, the native
-    CPU kernel where it builds (`models.native`); else the XLA gather."""
+    CPU kernel where it builds (`models.native`); else the XLA gather. The native kernel
+    anywhere but CPU is an error."""
+    if implementation == "native" and platform != "cpu":
+        raise ValueError(f"the native paged-attention kernel runs on CPU only (compiling for {platform})")
     if implementation in PAGED_BACKENDS:
         return implementation
     if implementation in ("auto", "splash") and platform == "tpu":

@@ -174,6 +174,8 @@ def test_auto_picks_per_platform_and_cached_calls_fall_back_to_xla():
     assert pick("cudnn", "gpu", cached, jnp.bfloat16) == "xla"
     with pytest.raises(ValueError, match="needs a GPU"):
         pick("cudnn", "cpu", self_mask, jnp.bfloat16)
+    with pytest.raises(ValueError, match="CPU kernel"):
+        pick("native", "tpu", self_mask, jnp.bfloat16)
     with pytest.raises(ValueError, match="unknown attention"):
         pick("flash", "cpu", self_mask, jnp.float32)
     with pytest.raises(ValueError, match="attention must be one of"):

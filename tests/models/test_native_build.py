@@ -58,3 +58,5 @@ def test_no_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog):
     assert select_paged_backend("auto", "cpu") == "gather"
     assert select_backend("auto", "cpu", AttentionMask(), jnp.float32) == "blockwise"
     assert select_paged_backend("auto", "tpu") == "pallas_tpu"  # other platforms never ask
+    with pytest.raises(ValueError, match="CPU only"):
+        select_paged_backend("native", "gpu")

@@ -60,3 +60,14 @@ def test_no_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog):
     assert select_paged_backend("auto", "tpu") == "pallas_tpu"  # other platforms never ask
     with pytest.raises(ValueError, match="CPU only"):
         select_paged_backend("native", "gpu")
+
+
+def test_loading_the_kernels_keeps_denormals():
+    """A library built with -ffast-math would switch the whole process to flush-to-zero
+    when loaded; the kernels must leave every other computation's numerics alone."""
+    import numpy as np
+
+    if not (native.paged_attention_target() and native.flash_attention_targets()):
+        pytest.skip("the native kernels could not be built here")
+    tiny = np.float32(1e-40)  # a denormal
+    assert tiny * np.float32(1.0) > 0 and np.float32(2e-40) - tiny > 0

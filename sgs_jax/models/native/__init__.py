@@ -43,7 +43,9 @@ PAGED_ATTENTION = "sgs_paged_attention_cpu"  # FFI target names (platform cpu)
 FLASH_FORWARD = "sgs_flash_attention_forward_cpu"
 FLASH_BACKWARD = "sgs_flash_attention_backward_cpu"
 _SOURCE_DIR = Path(__file__).resolve().parent
-_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp-simd", "-ffast-math")
+# No -ffast-math: linked into a shared library it sets flush-to-zero for the whole process
+# on load (crtfastmath), changing every other computation's denormals.
+_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp-simd")
 _BUILD_TIMEOUT_S = 300
 
 
@@ -76,9 +78,9 @@ def _build(source: Path, compiler: str) -> Path:
     include = jax.ffi.include_dir()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     attempts = [(*_FLAGS, "-march=native"), _FLAGS]  # the second for compilers without -march=native
+    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # the shared header(s) it includes
     errors = []
     for flags in attempts:
-        headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # the shared header(s) it includes
         key = hashlib.sha256("\0".join([source.read_text(), *headers, *flags, compiler, version, jaxlib.__version__, _cpu_signature()]).encode())
         target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
         if target.exists():

@@ -53,7 +53,7 @@ def select_paged_backend(implementation: str, platform: str) -> str:
         return "pallas_tpu"
     if implementation in ("auto", "cudnn") and platform == "gpu":
         return "pallas_gpu"
-    if implementation in ("auto", "native", "blockwise") and platform == "cpu" and native.paged_attention_target():
+    if implementation in ("auto", "blockwise") and platform == "cpu" and native.paged_attention_target():
         return "native"
     return "gather"
 

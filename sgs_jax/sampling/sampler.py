@@ -230,8 +230,7 @@ class Sampler:
                 plan = sched.plan_chunk(len(in_flight))
                 state, out = self._decode(
                     weights, state, jnp.asarray(plan.page_table), jnp.asarray(plan.num_pages), jnp.asarray(plan.kill),
-                    *sampling_args, jnp.int32(plan.exit_new), mode=mode, chunk_steps=self.chunk_steps,
-                    work_size=plan.work_size if self.attention_backend == "gather" else 1, backend=self.attention_backend,
+                    *sampling_args, jnp.int32(plan.exit_new), **self._decode_statics(mode, plan.work_size),
                 )
                 in_flight.append((plan, out))
             if in_flight and (len(in_flight) > 1 or not dispatched):
@@ -340,10 +339,14 @@ class Sampler:
         f32 = jax.ShapeDtypeStruct((), jnp.float32)
         return self._decode.lower(
             weights, self.abstract_state(s, num_pages), i32(s, max_pages), i32(s), jax.ShapeDtypeStruct((s,), bool),
-            i32(_STOP_SLOTS), f32, i32(), f32, i32(),
-            mode=mode, chunk_steps=self.chunk_steps, work_size=work_size if self.attention_backend == "gather" else 1,
-            backend=self.attention_backend,
+            i32(_STOP_SLOTS), f32, i32(), f32, i32(), **self._decode_statics(mode, work_size),
         )
+
+    def _decode_statics(self, mode: str, work_size: int) -> dict:
+        """The decode chunk's static arguments (its program key): the work-list size counts
+        only for the gather backend, so other backends compile one program for every size."""
+        return dict(mode=mode, chunk_steps=self.chunk_steps, work_size=work_size if self.attention_backend == "gather" else 1,
+                    backend=self.attention_backend)
 
     # ---- internals ------------------------------------------------------------------------
     def _sampling_args(self, params: SamplingParams):

@@ -248,7 +248,7 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
         Mask(p.data(), q0, k0, T, keys.valid.data(), keys.valid_tiles);
         for (int64_t r = 0; r < kTile; ++r) {
           float* pr = p.data() + r * kTile;
-          const float row_lse = lse[std::min(q0 + r, T - 1)];
+          const float row_lse = lse[q0 + r];  // padding rows read 0 and are masked
 #pragma omp simd
           for (int64_t c = 0; c < kTile; ++c) {
             const float w = ExpNonPositive(std::min(pr[c] - row_lse, 0.0f));

@@ -4,7 +4,10 @@ Pallas GPU kernel (interpret mode), sharded over a mesh, and the Pallas TPU kern
 deviceless with libtpu."""
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -49,8 +52,9 @@ def dense_expected(q, k, v, keys, values, table, cached, layer):
 
 
 def run(backend, q, k, v, keys, values, table, cached, active, layer=1):
-    num_pages = np.where(active, cached // PAGE + 1, 0).astype(np.int32)
-    work = ragged_work(jnp.asarray(table), jnp.asarray(num_pages), 16, PAGE) if backend == "gather" else None
+    page = keys.shape[3]
+    num_pages = np.where(active, cached // page + 1, 0).astype(np.int32)
+    work = ragged_work(jnp.asarray(table), jnp.asarray(num_pages), 16, page) if backend == "gather" else None
     batch = PagedBatch(jnp.asarray(table), jnp.asarray(cached), jnp.asarray(active), work, backend)
     out, (new_keys, _) = pa.paged_decode(q, k, v, (keys, values), jnp.int32(layer), batch)
     return np.asarray(out), np.asarray(new_keys)
@@ -78,19 +82,22 @@ def test_paged_decode_matches_dense_attention(backend):
     np.testing.assert_array_equal(new_keys[untouched], np.asarray(keys)[untouched])
 
 
+@pytest.mark.parametrize("page", [4, 16])
 @pytest.mark.parametrize("dim", [16, 64, 128])
-def test_native_kernel_matches_gather(dim):
+def test_native_kernel_matches_gather(dim, page):
     """Every head-dim path of the native kernel (16: generic; 64 and 128: compiled for the
-    size), GQA groups of 1 and 3, rows spanning 1-9 pages and an inactive row, fp32 within
-    1e-5 of the XLA gather backend; a bf16 pool within bf16 rounding of its fp32 result."""
+    size, with the AVX2 loops that score 8 keys at a time where the CPU has them: pages of
+    16 hold two such blocks, and partly filled pages leave 1-7 keys to the plain loop),
+    GQA groups of 1 and 3, rows spanning 1-9 pages and an inactive row, fp32 within 1e-5 of
+    the XLA gather backend; a bf16 pool within bf16 rounding of its fp32 result."""
     needs_native()
     rng = np.random.default_rng(dim)
     for hkv, group in ((3, 1), (2, 3)):
         rows, pages, max_pages = 5, 64, 9
-        pool = lambda: jnp.asarray(rng.normal(size=(hkv, LAYERS, pages, PAGE, dim)), jnp.float32)  # noqa: E731
+        pool = lambda: jnp.asarray(rng.normal(size=(hkv, LAYERS, pages, page, dim)), jnp.float32)  # noqa: E731
         keys, values = pool(), pool()
         table = rng.permutation(pages)[: rows * max_pages].reshape(rows, max_pages).astype(np.int32)
-        cached = np.asarray([0, 3, 17, 35, 9], np.int32)
+        cached = np.asarray([0, 3, 17, 35, 9] if page == 4 else [0, 7, 40, 140, 9], np.int32)
         active = np.asarray([True, True, True, True, False])
         q = jnp.asarray(rng.normal(size=(rows, hkv * group, dim)), jnp.float32)
         k = jnp.asarray(rng.normal(size=(rows, hkv, dim)), jnp.float32)
@@ -192,3 +199,21 @@ def test_tpu_kernel_compiles_deviceless_without_pool_copies():
     assert not re.search(re.escape(pool_shape) + r"\{[^}]*\} copy\(", hlo)
     pool_bytes = 2 * 4 * 1024 * 64 * 128 * 2
     assert compiled.memory_analysis().temp_size_in_bytes < pool_bytes / 4
+
+
+def test_native_kernel_portable_loops_match_gather(tmp_path):
+    """The kernel's portable loops (what compilers without AVX2 / FMA build) pass the same
+    comparison with the gather backend: run in a fresh process whose compiler is wrapped to
+    add -mno-avx2 -mno-fma, with a kernel cache of its own."""
+    needs_native()
+    compiler = native._compiler()
+    marker = tmp_path / "wrapper-ran"
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text(f'#!/bin/sh\ntouch "{marker}"\nexec "{compiler}" "$@" -mno-avx2 -mno-fma\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "CXX": str(wrapper), "SGS_JAX_KERNEL_CACHE": str(tmp_path / "kernels")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"{__file__}::test_native_kernel_matches_gather"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert marker.exists(), "the wrapped compiler never ran"
+    assert "6 passed" in done.stdout, done.stdout[-2000:]

@@ -16,7 +16,11 @@
 //
 // Work is split in (row, KV head) units over XLA's intra-op thread pool (`common.h`); each unit computes
 // its G = Hq / Hkv query heads' scores into a scratch row, takes an exact softmax (max,
-// exp, sum) and accumulates the value rows weighted by it. A page id outside [0, pages) (a
+// exp, sum) and accumulates the value rows weighted by it. Where the compiler targets AVX2
+// and FMA (`-march=native` on such a CPU) and the head dim is 64 or 128, the score and value
+// loops over a page use AVX2 directly (`PageScores`, `PageValues`); elsewhere the portable
+// loops run. Either way the kernel is bound by memory: a decode step streams every live
+// key and value once. A page id outside [0, pages) (a
 // bug in the host's allocator, `sampling.pages`) fails the call instead of reading past the
 // pool.
 
@@ -25,9 +29,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <thread>
 #include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "common.h"
 #include "xla/ffi/api/ffi.h"
@@ -45,6 +54,97 @@ inline float ToFloat(uint16_t bf16_bits) {
   std::memcpy(&out, &bits, sizeof(out));
   return out;
 }
+
+// scores[i] = q . page[i] for the page's first n keys ([n, dim] rows).
+template <typename KV, int kDim>
+void PageScoresPortable(const float* q, const KV* page, int64_t n, int64_t dim_arg, float* scores) {
+  const int64_t dim = kDim > 0 ? kDim : dim_arg;
+  for (int64_t i = 0; i < n; ++i) {
+    const KV* k = page + i * dim;
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < dim; ++d) acc += q[d] * ToFloat(k[d]);
+    scores[i] = acc;
+  }
+}
+
+// acc[dim] += sum_i weights[i] * page[i] over the page's first n value rows.
+template <typename KV, int kDim>
+void PageValuesPortable(const float* weights, const KV* page, int64_t n, int64_t dim_arg, float* acc) {
+  const int64_t dim = kDim > 0 ? kDim : dim_arg;
+  for (int64_t i = 0; i < n; ++i) {
+    const KV* v = page + i * dim;
+    const float w = weights[i];
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) acc[d] += w * ToFloat(v[d]);
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// AVX2 versions for head dims that are multiples of 8 (kDim = 64 or 128). The portable
+// loops above leave a chain of dependent FMAs and a horizontal sum per key; here eight keys
+// are scored at once (eight independent accumulators, one transposing reduction), and the
+// value accumulators stay in registers across a page.
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// The eight lane sums of x[0..7], as one vector.
+inline __m256 Sum8x8(const __m256 x[8]) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+template <typename KV, int kDim>
+void PageScores(const float* q, const KV* page, int64_t n, int64_t dim, float* scores) {
+  if constexpr (kDim % 8 != 0 || kDim == 0) {
+    PageScoresPortable<KV, kDim>(q, page, n, dim, scores);
+  } else {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      __m256 acc[8];
+      for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < kDim; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(q + d);
+        for (int kk = 0; kk < 8; ++kk) acc[kk] = _mm256_fmadd_ps(qd, Load8(page + (i + kk) * kDim + d), acc[kk]);
+      }
+      _mm256_storeu_ps(scores + i, Sum8x8(acc));
+    }
+    PageScoresPortable<KV, kDim>(q, page + i * kDim, n - i, dim, scores + i);
+  }
+}
+
+template <typename KV, int kDim>
+void PageValues(const float* weights, const KV* page, int64_t n, int64_t dim, float* acc) {
+  if constexpr (kDim % 64 != 0 || kDim == 0) {
+    PageValuesPortable<KV, kDim>(weights, page, n, dim, acc);
+  } else {
+    for (int64_t d0 = 0; d0 < kDim; d0 += 64) {  // 64 dims = 8 registers of accumulators
+      __m256 a[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_loadu_ps(acc + d0 + 8 * j);
+      for (int64_t i = 0; i < n; ++i) {
+        const __m256 w = _mm256_broadcast_ss(weights + i);
+        const KV* v = page + i * kDim + d0;
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(w, Load8(v + 8 * j), a[j]);
+      }
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(acc + d0 + 8 * j, a[j]);
+    }
+  }
+}
+#else
+template <typename KV, int kDim>
+void PageScores(const float* q, const KV* page, int64_t n, int64_t dim, float* scores) {
+  PageScoresPortable<KV, kDim>(q, page, n, dim, scores);
+}
+template <typename KV, int kDim>
+void PageValues(const float* weights, const KV* page, int64_t n, int64_t dim, float* acc) {
+  PageValuesPortable<KV, kDim>(weights, page, n, dim, acc);
+}
+#endif
+
 
 struct Problem {
   const float* q;
@@ -110,17 +210,7 @@ bool AttendUnit(const Problem& p, int64_t row, int64_t head, Scratch& scratch) {
 
   // Scores, page by page (a page stays in L1 across the G query heads).
   for_each_page(keys, [&](const KV* page, int64_t start, int64_t n) {
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = q + g * dim;
-      float* s = scores + g * length + start;
-      for (int64_t i = 0; i < n; ++i) {
-        const KV* k = page + i * dim;
-        float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t d = 0; d < dim; ++d) acc += qg[d] * ToFloat(k[d]);
-        s[i] = acc;
-      }
-    }
+    for (int64_t g = 0; g < group; ++g) PageScores<KV, kDim>(q + g * dim, page, n, dim, scores + g * length + start);
   });
   // Exact softmax per query head: weights e^(s - max), divided by their sum at the end.
   scratch.totals.resize(static_cast<size_t>(group));
@@ -140,15 +230,7 @@ bool AttendUnit(const Problem& p, int64_t row, int64_t head, Scratch& scratch) {
   }
   // Weighted values, page by page.
   for_each_page(values, [&](const KV* page, int64_t start, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      const KV* v = page + i * dim;
-      for (int64_t g = 0; g < group; ++g) {
-        const float w = scores[g * length + start + i];
-        float* ag = acc + g * dim;
-#pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) ag[d] += w * ToFloat(v[d]);
-      }
-    }
+    for (int64_t g = 0; g < group; ++g) PageValues<KV, kDim>(scores + g * length + start, page, n, dim, acc + g * dim);
   });
   for (int64_t g = 0; g < group; ++g) {
     const float inverse = 1.0f / scratch.totals[g];

@@ -22,6 +22,8 @@ Three entry points share every layer:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -77,19 +79,24 @@ class Attention(nnx.Module):
         self.v_proj = Weight(rngs, (c.hidden_size, c.num_kv_heads, c.head_dim), pd)
         self.o_proj = Weight(rngs, (c.num_heads, c.head_dim, c.hidden_size), pd)
 
-    def __call__(self, x, cos, sin, mask: AttentionMask, cache_kv=None, layer=None):
+    def __call__(self, x, cos, sin, mask: AttentionMask, cache_kv=None, layer=None, qkv_kernel=None):
         """x [B, T, E]; cos/sin [B, T, rotary]. Returns (output [B, T, E], cache_kv).
 
         cache_kv: None (self-attention) or the stacked (keys, values), [L, B, S, Hkv, D]
         each: the new keys/values are written into layer `layer` at mask.q_slots first, and
         the queries attend over that layer's whole cache rows. With a `PagedBatch` as
         `mask` (paged decode, T = 1), cache_kv is the paged pool and `paged_decode` writes
-        and attends over the pages each row holds.
+        and attends over the pages each row holds. qkv_kernel: None, or this layer's
+        q/k/v kernels concatenated over heads ([E, Hq + 2 Hkv, D], `FusedProjections`),
+        multiplied as one matmul.
         """
         dt = self.config.compute_dtype
-        q = jnp.einsum("bte,ehd->bthd", x, self.q_proj.kernel[...].astype(dt))
-        k = jnp.einsum("bte,ehd->bthd", x, self.k_proj.kernel[...].astype(dt))
-        v = jnp.einsum("bte,ehd->bthd", x, self.v_proj.kernel[...].astype(dt))
+        if qkv_kernel is None:
+            q = jnp.einsum("bte,ehd->bthd", x, self.q_proj.kernel[...].astype(dt))
+            k = jnp.einsum("bte,ehd->bthd", x, self.k_proj.kernel[...].astype(dt))
+            v = jnp.einsum("bte,ehd->bthd", x, self.v_proj.kernel[...].astype(dt))
+        else:
+            q, k, v = jnp.split(jnp.einsum("bte,ehd->bthd", x, qkv_kernel.astype(dt)), self._qkv_splits(), axis=2)
         q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
         k = apply_rope(k, cos, sin)
         if isinstance(mask, PagedBatch):
@@ -106,6 +113,10 @@ class Attention(nnx.Module):
         out = attend(q, k, v, mask, self.config.attention)
         return jnp.einsum("bthd,hde->bte", out, self.o_proj.kernel[...].astype(dt)), cache_kv
 
+    def _qkv_splits(self) -> tuple[int, int]:
+        """Where q, k and v start and end along the fused kernel's heads axis."""
+        return self.config.num_heads, self.config.num_heads + self.config.num_kv_heads
+
 
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
@@ -117,10 +128,15 @@ class MLP(nnx.Module):
         self.up_proj = Weight(rngs, (c.hidden_size, c.intermediate_size), pd)
         self.down_proj = Weight(rngs, (c.intermediate_size, c.hidden_size), pd)
 
-    def __call__(self, x):
+    def __call__(self, x, gate_up_kernel=None):
+        """x [B, T, E] -> [B, T, E]. gate_up_kernel: None, or this layer's gate and up
+        kernels concatenated ([E, 2 mlp], `FusedProjections`), multiplied as one matmul."""
         dt = self.config.compute_dtype
-        gate = x @ self.gate_proj.kernel[...].astype(dt)
-        up = x @ self.up_proj.kernel[...].astype(dt)
+        if gate_up_kernel is None:
+            gate = x @ self.gate_proj.kernel[...].astype(dt)
+            up = x @ self.up_proj.kernel[...].astype(dt)
+        else:
+            gate, up = jnp.split(x @ gate_up_kernel.astype(dt), 2, axis=-1)
         hidden = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
         return hidden @ self.down_proj.kernel[...].astype(dt)
 
@@ -135,11 +151,32 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.weight_dtype)
         self.mlp = MLP(config, rngs)
 
-    def __call__(self, x, cos, sin, mask: AttentionMask, cache_kv=None, layer=None):
-        attn_out, cache_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, layer)
+    def __call__(self, x, cos, sin, mask: AttentionMask, cache_kv=None, layer=None, fused: FusedProjections | None = None):
+        """fused: this layer's slice of `FusedProjections` (cached forwards on one device), or None."""
+        qkv, gate_up = (None, None) if fused is None else (fused.qkv, fused.gate_up)
+        attn_out, cache_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, layer, qkv)
         x = x + attn_out
-        x = x + self.mlp(self.mlp_norm(x))
+        x = x + self.mlp(self.mlp_norm(x), gate_up)
         return constrain(x, ("batch", "seq", "act_embed")), cache_kv
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class FusedProjections:
+    """The stacked layers' Q/K/V kernels concatenated over heads, qkv [L, E, Hq + 2 Hkv, D],
+    and gate/up kernels concatenated, gate_up [L, E, 2 mlp]: one matmul each instead of
+    three and two. Built once per cached forward on CPU (`Llama._cached_layers`), outside
+    the layer scan, so inside a decode loop XLA computes it once per loop, not per step: at
+    decode's few rows XLA:CPU runs the wider matmuls faster (`docs/sampling.md`)."""
+
+    qkv: jax.Array
+    gate_up: jax.Array
+
+    @classmethod
+    def of(cls, layers: DecoderLayer) -> "FusedProjections":
+        attn, mlp = layers.attn, layers.mlp
+        qkv = jnp.concatenate([attn.q_proj.kernel[...], attn.k_proj.kernel[...], attn.v_proj.kernel[...]], axis=2)
+        return cls(qkv, jnp.concatenate([mlp.gate_proj.kernel[...], mlp.up_proj.kernel[...]], axis=-1))
 
 
 # The policies under which the layers' backward can add into a passed gradient accumulator.
@@ -338,16 +375,22 @@ class Llama(nnx.Module):
     def _cached_layers(self, x, cos, sin, attention, kv):
         """The decoder layers as one `lax.scan` (no remat) threading the stacked (keys,
         values) through every layer: `attention` is the `AttentionMask` (per-row cache) or
-        the `PagedBatch` (paged pool) each layer attends with."""
+        the `PagedBatch` (paged pool) each layer attends with. On CPU outside a mesh the
+        layers multiply by `FusedProjections` (a copy of those kernels for the call, where
+        memory is plentiful and the wider matmuls pay); under a mesh the projections stay
+        separate, since concatenating kernels along their sharded heads axis would move
+        weights between devices, and on accelerators the copy would cost memory the plan
+        (`parallel/memory.py`) does not hold."""
         graphdef, layer_params = nnx.split(self.layers)
+        fused = FusedProjections.of(self.layers) if current_mesh() is None and jax.default_backend() == "cpu" else None
 
         def body(carry, xs):
             x, kv = carry
-            params, layer = xs
-            return nnx.merge(graphdef, params)(x, cos, sin, attention, kv, layer), None
+            params, layer, fused_l = xs
+            return nnx.merge(graphdef, params)(x, cos, sin, attention, kv, layer, fused_l), None
 
         layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
-        (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layer_ids))
+        (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layer_ids, fused))
         return x, kv
 
 

@@ -226,3 +226,22 @@ def test_cpu_decode_backends_sample_alike(model, sampler, prompts):
     assert sampler.last_stats.work_page_steps == 0 < gather.last_stats.work_page_steps
     with pytest.raises(ValueError, match="paged_attention"):
         Sampler(model.config, paged_attention="flash")
+
+
+def test_decode_chunk_fuses_projection_kernels_once_outside_its_loops():
+    """On one device the cached forward multiplies by Q/K/V and gate/up kernels
+    concatenated (`FusedProjections`); in the compiled decode chunk those concatenations
+    sit in the entry computation, once per call, not in the step loop's body."""
+    import re
+
+    config = tiny(num_layers=3, hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2, head_dim=16)
+    sampler = Sampler(config, max_batch=4, kv_pool_tokens=4 * 64, page_size=8, chunk_steps=2)
+    text = sampler.lower_decode(sampler.abstract_weights(), 4, 32, 8).compile().as_text()
+    fused_shapes = ("[3,64,8,16]", "[3,64,192]")  # qkv: Hq + 2 Hkv = 8 heads; gate_up: 2 x 96
+    by_computation = {}
+    for block in re.split(r"\n(?=\S[^\n]*\{\n)", text):
+        name = block.split("(", 1)[0].strip()
+        by_computation[name] = [shape for shape in fused_shapes if re.search(re.escape(shape) + r"\S* concatenate\(", block)]
+    entry = [name for name in by_computation if name.startswith("ENTRY")]
+    assert entry and sorted(by_computation[entry[0]]) == sorted(fused_shapes), by_computation
+    assert all(not found for name, found in by_computation.items() if not name.startswith("ENTRY")), by_computation

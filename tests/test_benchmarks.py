@@ -81,3 +81,9 @@ def test_op_profile_breaks_down_the_training_step(capsys):
     assert "training step, 8 seqs x 16-32 tokens" in out and "op kind" in out and "cores busy" in out
     assert ops and all(op.thread_s >= 0 for op in ops)
     assert any("dot" in op.kind or "fusion" in op.kind for op in ops)  # the matmuls were seen
+
+
+def test_paged_attention_benchmark_checks_then_times_the_backends(capsys):
+    _module("paged_attention").main(["--mean", "70", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "backends agree" in out and "roofline: live bytes / bandwidth" in out and "gather   per step" in out

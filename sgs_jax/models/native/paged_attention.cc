@@ -19,17 +19,16 @@
 // exp, sum) and accumulates the value rows weighted by it. Where the compiler targets AVX2
 // and FMA (`-march=native` on such a CPU) and the head dim is 64 or 128, the score and value
 // loops over a page use AVX2 directly (`PageScores`, `PageValues`); elsewhere the portable
-// loops run. Either way the kernel is bound by memory: a decode step streams every live
-// key and value once. A page id outside [0, pages) (a
-// bug in the host's allocator, `sampling.pages`) fails the call instead of reading past the
-// pool.
+// loops run. Either way a decode step reads every live key and value once, and the time
+// goes to memory latency over the scattered pages (`benchmarks/paged_attention.py`). A page
+// id outside [0, pages) (a bug in the host's allocator, `sampling.pages`) fails the call
+// instead of reading past the pool.
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -144,7 +143,6 @@ void PageValues(const float* weights, const KV* page, int64_t n, int64_t dim, fl
   PageValuesPortable<KV, kDim>(weights, page, n, dim, acc);
 }
 #endif
-
 
 struct Problem {
   const float* q;

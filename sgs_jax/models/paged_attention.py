@@ -33,7 +33,8 @@ import jax.numpy as jnp
 
 from sgs_jax.models import native
 from sgs_jax.models.attention import _platform
-from sgs_jax.models.paged_cache import PagedBatch, RaggedWork, ragged_work, write_token
+from sgs_jax.models.config import ModelConfig
+from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache, RaggedWork, ragged_work, write_token
 from sgs_jax.parallel.rules import current_mesh, logical_to_spec
 
 _MASKED = -1e30  # finite, so a row with nothing visible gives no NaN
@@ -102,6 +103,20 @@ def native_attention(q, keys, values, layer, batch: PagedBatch) -> jax.Array:
     call = jax.ffi.ffi_call(native.PAGED_ATTENTION, jax.ShapeDtypeStruct((rows, hq, dim), jnp.float32))
     out = call(scaled, keys, values, jnp.asarray(layer, jnp.int32), batch.page_table.astype(jnp.int32), lengths)
     return out.astype(q.dtype)
+
+
+def new_pool(config: ModelConfig, num_pages: int, page_size: int, backend: str) -> PagedKVCache:
+    """A fresh pool for `backend` (`PagedKVCache` shapes, compute dtype): for the native
+    kernel outside a mesh, left unwritten (the FFI target `native.UNWRITTEN_POOL`), since
+    that kernel reads no position its row has not written and a call then pays only for the
+    pages it fills; for every other backend, or inside a mesh, zeros (`PagedKVCache.create`:
+    the gather multiplies masked positions by zero, so they must be finite)."""
+    if backend != "native" or current_mesh() is not None:
+        return PagedKVCache.create(config, num_pages, page_size)
+    if not native.paged_attention_target():
+        raise RuntimeError("the native CPU paged-attention kernel could not be built (see the warning above); use the gather backend")
+    shape = jax.ShapeDtypeStruct((config.num_kv_heads, config.num_layers, num_pages, page_size, config.head_dim), config.compute_dtype)
+    return PagedKVCache(*jax.ffi.ffi_call(native.UNWRITTEN_POOL, (shape, shape))())
 
 
 def _kernel_operands(q, keys, values, layer, batch: PagedBatch):

@@ -18,7 +18,7 @@ from flax import nnx
 
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.kv_cache import KVCache
-from sgs_jax.models.paged_attention import build_work, shard_specs
+from sgs_jax.models.paged_attention import build_work, new_pool, shard_specs
 from sgs_jax.models.paged_cache import POOL_AXES, PagedBatch, PagedKVCache, prompt_pages, write_pages
 from sgs_jax.parallel.rules import constrain, current_mesh
 from sgs_jax.sampling.distribution import next_tokens
@@ -76,15 +76,16 @@ def _all_slots_empty(pool: PagedKVCache, slots: int) -> DecodeState:
     return pin_state(DecodeState(pool, zeros, zeros, zeros, zeros, jnp.ones((slots,), bool), jnp.zeros((slots, 2), jnp.uint32)))
 
 
-def empty_state(config: ModelConfig, slots: int, num_pages: int, page_size: int) -> DecodeState:
-    """All slots empty (done); a zero pool of `num_pages` pages in the compute dtype."""
-    return _all_slots_empty(PagedKVCache.create(config, num_pages, page_size), slots)
+def empty_state(config: ModelConfig, slots: int, num_pages: int, page_size: int, backend: str) -> DecodeState:
+    """All slots empty (done); a new pool of `num_pages` pages in the compute dtype, as
+    `backend` needs it (`new_pool`: zeros, or unwritten for the native kernel)."""
+    return _all_slots_empty(new_pool(config, num_pages, page_size, backend), slots)
 
 
 def reuse_pool(state: DecodeState) -> DecodeState:
     """`state`'s pool, unchanged, with every slot empty: a new call's state without
-    allocating (and zeroing) the pool again. Safe because no attention reads a pool
-    position its row has not written: the stale pages are masked out."""
+    allocating the pool again. Safe because no attention reads a pool position its row has
+    not written: the stale pages are masked out."""
     return _all_slots_empty(state.pool, state.cached.shape[0])
 
 

@@ -146,7 +146,8 @@ class Sampler:
         self._abstract_params = abstract
         self._param_shardings = state_shardings(abstract, mesh) if mesh is not None else None
         self._signature = _leaf_signature(abstract)
-        self._empty = jax.jit(_under_mesh(functools.partial(programs.empty_state, model_config), mesh), static_argnums=(0, 1, 2))
+        self._empty = jax.jit(_under_mesh(functools.partial(programs.empty_state, model_config, backend=self.attention_backend), mesh),
+                             static_argnums=(0, 1, 2))
         self._reuse = jax.jit(_under_mesh(programs.reuse_pool, mesh), donate_argnums=(0,))
         self._kept_state: programs.DecodeState | None = None  # the last call's state, inside `keep_pool`
         self._keep_depth = 0
@@ -260,8 +261,10 @@ class Sampler:
     @contextlib.contextmanager
     def keep_pool(self):
         """Within this block the KV pool outlives each `generate` call: the next call of the
-        same pool shape reuses it instead of allocating and zeroing it again (at 64 slots x
-        8,192 fp32 tokens the allocation costs more than a short call's decoding). The pool
+        same pool shape reuses it instead of allocating it again. A new pool costs its
+        zero-fill (at 64 slots x 8,192 fp32 tokens more than a short call's decoding), or for
+        the native kernel, which starts from an unwritten pool, the first touch of each page
+        its rows write (about 4% of the benchmark's batch call). The pool
         stays held until the outermost block exits, so wrap one phase's calls, never the
         training that follows them. Reentrant; results are bit-identical with or without it.
         """
@@ -275,7 +278,7 @@ class Sampler:
 
     def _start_state(self, num_slots: int, num_pages: int) -> programs.DecodeState:
         """Every slot empty over a pool of `num_pages` pages: the kept pool when it has that
-        shape (`keep_pool`), else a new zero pool."""
+        shape (`keep_pool`), else a new pool (`programs.empty_state`)."""
         kept, self._kept_state = self._kept_state, None  # a failed call must not leave a donated state behind
         if kept is not None and kept.pool.num_pages == num_pages and kept.cached.shape[0] == num_slots:
             return self._reuse(kept)

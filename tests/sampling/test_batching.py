@@ -168,6 +168,40 @@ def test_a_kept_pool_gives_the_same_samples_without_allocating(model, sampler, p
         np.testing.assert_array_equal(a.entropies, b.entropies)
 
 
+def test_the_native_kernel_starts_from_an_unwritten_pool_and_never_reads_it(model, sampler, prompts):
+    """For the native kernel a new pool is left unwritten (no zero-fill program); whatever
+    the memory holds, here NaN in every position, the samples are those of a zero pool,
+    since the kernel reads no position its row has not written. The gather backend still
+    zero-fills: it multiplies masked positions by zero."""
+    if not native.paged_attention_target():
+        pytest.skip("the native CPU kernel could not be built here (no C++ compiler?)")
+    assert sampler.attention_backend == "native"
+    num_slots, num_pages = sampler.max_batch, 64
+    assert native.UNWRITTEN_POOL in sampler._empty.lower(num_slots, num_pages, sampler.page_size).as_text()
+    gather = Sampler(model.config, max_batch=8, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256,
+                     paged_attention="gather")
+    gather_empty = gather._empty.lower(num_slots, num_pages, gather.page_size).as_text()
+    assert native.UNWRITTEN_POOL not in gather_empty and "broadcast" in gather_empty
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, num_samples=3, max_total_len=64, seed=9)
+    fresh = sampler.generate(model, prompts, params)
+    allocate = sampler._empty
+
+    def poisoned(*shape):
+        state = allocate(*shape)
+        nan = lambda x: jnp.full(x.shape, jnp.nan, x.dtype)  # noqa: E731
+        return dataclasses.replace(state, pool=type(state.pool)(nan(state.pool.keys), nan(state.pool.values)))
+
+    sampler._empty = poisoned
+    try:
+        out = sampler.generate(model, prompts, params)
+    finally:
+        sampler._empty = allocate
+    assert token_lists(out) == token_lists(fresh)
+    np.testing.assert_array_equal(out.logprobs, fresh.logprobs)
+    np.testing.assert_array_equal(out.entropies, fresh.entropies)
+
+
 def test_first_token_frequencies_through_the_engine(model, sampler):
     """2000 one-token samples of one prompt through prefill, refills and decode match the
     top-p/temperature distribution of the full-forward logits (chi-square, fixed seed)."""

@@ -40,6 +40,7 @@ import jax
 log = logging.getLogger(__name__)
 
 PAGED_ATTENTION = "sgs_paged_attention_cpu"  # FFI target names (platform cpu)
+UNWRITTEN_POOL = "sgs_unwritten_pool_cpu"
 FLASH_FORWARD = "sgs_flash_attention_forward_cpu"
 FLASH_BACKWARD = "sgs_flash_attention_backward_cpu"
 _SOURCE_DIR = Path(__file__).resolve().parent
@@ -121,9 +122,11 @@ def _load(source: str, targets: dict[str, str], what: str) -> bool:
 @functools.cache
 def paged_attention_target() -> bool:
     """True once the CPU paged-attention kernel (`paged_attention.cc`) is built, loaded and
-    registered as the FFI target `PAGED_ATTENTION`; False (warned once) when it cannot be:
-    CPU decode attention then uses the XLA gather."""
-    return _load("paged_attention.cc", {PAGED_ATTENTION: "SgsPagedAttention"}, "CPU decode attention")
+    registered as the FFI targets `PAGED_ATTENTION` and `UNWRITTEN_POOL` (a pool left
+    unwritten, for that kernel only); False (warned once) when it cannot be: CPU decode
+    attention then uses the XLA gather."""
+    return _load("paged_attention.cc", {PAGED_ATTENTION: "SgsPagedAttention", UNWRITTEN_POOL: "SgsUnwrittenPool"},
+                 "CPU decode attention")
 
 
 @functools.cache

@@ -23,6 +23,13 @@
 // goes to memory latency over the scattered pages (`benchmarks/paged_attention.py`). A page
 // id outside [0, pages) (a bug in the host's allocator, `sampling.pages`) fails the call
 // instead of reading past the pool.
+//
+// `SgsUnwrittenPool` makes a pool without writing it: its two results (keys, values) are
+// left as XLA allocated them. Only this kernel may read such a pool, since it reads no
+// position its row has not written; the XLA gather multiplies masked positions by zero,
+// which garbage (NaN bits) would poison. For a pool this large XLA:CPU's buffers come
+// straight from the OS as untouched pages, so a call pays only for the pages its rows write,
+// not to zero the whole capacity.
 
 #include <algorithm>
 #include <atomic>
@@ -313,4 +320,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SgsPagedAttention, PagedAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // page_table
                                   .Arg<ffi::Buffer<ffi::S32>>()  // lengths
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out
+);
+
+namespace {
+ffi::Error UnwrittenPoolImpl(ffi::Result<ffi::AnyBuffer> keys, ffi::Result<ffi::AnyBuffer> values) {
+  (void)keys;
+  (void)values;
+  return ffi::Error::Success();
+}
+}  // namespace
+
+// One call with both results: two identical result-only calls could be merged into one
+// buffer by XLA's common-subexpression pass.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SgsUnwrittenPool, UnwrittenPoolImpl,
+                              ffi::Ffi::Bind()
+                                  .Ret<ffi::AnyBuffer>()  // keys
+                                  .Ret<ffi::AnyBuffer>()  // values
 );

@@ -93,8 +93,22 @@ def torch_step(model, opt, examples, micro: int) -> None:
     opt.step()
 
 
-def run(seq: int, args) -> float:
-    """Print one sequence length's table; returns the ratio (ours / reference tokens/s)."""
+def model_flops(config, examples) -> float:
+    """Model FLOPs of one optimiser step over `examples` (real tokens only, no padding):
+    6 x matmul parameters (the layers' projections and the LM head) per token, plus causal
+    attention's score and value products, forward and backward (3x the forward's
+    2 x T(T+1) x heads x head_dim per layer)."""
+    c = config
+    per_layer = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads + c.num_heads) * c.head_dim + 3 * c.hidden_size * c.intermediate_size
+    matmul_params = c.num_layers * per_layer + c.hidden_size * c.vocab_size
+    tokens = sum(e.num_inputs for e in examples)
+    attention = sum(6 * e.num_inputs * (e.num_inputs + 1) * c.num_heads * c.head_dim * c.num_layers for e in examples)
+    return 6.0 * matmul_params * tokens + attention
+
+
+def run(seq: int, args) -> tuple[float, float]:
+    """Print one sequence length's table; returns (ratio ours / reference tokens/s, the
+    reference's model GFLOP/s)."""
     config = model_config(seq)
     examples = make_examples(args.batch, seq, config.vocab_size)
     tokens = sum(e.num_inputs for e in examples)
@@ -115,14 +129,14 @@ def run(seq: int, args) -> float:
     print(f"train step, {config.num_params() / 1e6:.1f}M params, {args.batch} seqs x {seq // 2}-{seq} tokens, "
           f"{args.micro} per micro-batch, {jax.devices()[0].platform}, {torch.get_num_threads()} threads, "
           f"best of {args.repeats} x {args.steps} steps")
-    print(f"{'implementation':<44}{'s/step':>10}{'tokens/s':>12}")
-    print(f"{'sgs_jax Trainer (JAX, jitted; defaults)':<44}{ours_s:>10.3f}{tokens / ours_s:>12.0f}")
-    print(f"{'  the same, remat_policy=dots':<44}{dots_s:>10.3f}{tokens / dots_s:>12.0f}")
-    print(f"{'  the same, attention=blockwise':<44}{blockwise_s:>10.3f}{tokens / blockwise_s:>12.0f}")
-    print(f"{'transformers + torch.optim.Adam':<44}{ref_s:>10.3f}{tokens / ref_s:>12.0f}")
+    flops = model_flops(config, examples)
+    print(f"{'implementation':<44}{'s/step':>10}{'tokens/s':>12}{'model GFLOP/s':>15}")
+    for name, seconds in (("sgs_jax Trainer (JAX, jitted; defaults)", ours_s), ("  the same, remat_policy=dots", dots_s),
+                          ("  the same, attention=blockwise", blockwise_s), ("transformers + torch.optim.Adam", ref_s)):
+        print(f"{name:<44}{seconds:>10.3f}{tokens / seconds:>12.0f}{flops / seconds / 1e9:>15.1f}")
     print(f"ratio (ours / reference tokens/s): {ref_s / ours_s:.2f}; with remat_policy=dots: {ref_s / dots_s:.2f}; "
           f"with attention=blockwise: {ref_s / blockwise_s:.2f} (default attention here: {attention})")
-    return ref_s / ours_s
+    return ref_s / ours_s, flops / ref_s / 1e9
 
 
 def matmul_gflops(rows: int, repeats: int) -> tuple[float, float]:
@@ -152,11 +166,16 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)  # XLA's CPU client also uses every core
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    for seq in args.seq:
-        run(seq, args)
+    reference_gflops = {seq: run(seq, args)[1] for seq in args.seq}
     rows = args.micro * max(args.seq)
     ours, ref = matmul_gflops(rows, args.repeats)
     print(f"matmul alone, fp32 [{rows}, 256] @ [256, 688]: JAX {ours:.0f} GFLOP/s, torch {ref:.0f} GFLOP/s, ratio {ours / ref:.2f}")
+    # What the goal asks in compute: 1.5x the reference's tokens/s is 1.5x its model FLOP
+    # rate, without padding, against the best rate either library reaches on one matmul.
+    peak = max(ours, ref)
+    for seq, gflops in reference_gflops.items():
+        print(f"at {seq} tokens, 1.5x the reference needs {1.5 * gflops:.0f} model GFLOP/s: "
+              f"{1.5 * gflops / peak:.0%} of that matmul's best ({peak:.0f}) for the whole step")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -3,7 +3,8 @@
     if native.paged_attention_target():   # compiled, loaded and registered (or False)
         jax.ffi.ffi_call(native.PAGED_ATTENTION, ...)
 
-  paged_attention.cc   decode attention over the paged KV pool (`models.paged_attention`)
+  paged_attention.cc   decode attention over the paged KV pool, and a new pool left
+                       unwritten for it (`models.paged_attention`)
   flash_attention.cc   causal self-attention forward and backward for training
                        (`models.attention.native`)
   common.h             the vectorised exponential and the work split over XLA's threads

@@ -90,13 +90,18 @@ def gather_attention(q, keys, values, layer, batch: PagedBatch) -> jax.Array:
     return out.reshape(rows, hq, dim).astype(q.dtype)
 
 
+def _require_native() -> None:
+    """Raise unless the native CPU kernel is built and registered (`models.native`)."""
+    if not native.paged_attention_target():
+        raise RuntimeError("the native CPU paged-attention kernel could not be built (see the warning above); use the gather backend")
+
+
 def native_attention(q, keys, values, layer, batch: PagedBatch) -> jax.Array:
     """The native XLA:CPU kernel (`models/native/paged_attention.cc`; one shard's arrays):
     each row reads its own pages in place, positions 0..cached, so nothing is gathered and
     cost follows each row's live tokens exactly. fp32 scores and softmax; the pool may be
     fp32 or bf16."""
-    if not native.paged_attention_target():
-        raise RuntimeError("the native CPU paged-attention kernel could not be built (see the warning above); use the gather backend")
+    _require_native()
     rows, hq, dim = q.shape
     lengths = jnp.where(batch.active, batch.cached + 1, 0).astype(jnp.int32)
     scaled = q.astype(jnp.float32) * jnp.float32(dim**-0.5)
@@ -113,8 +118,7 @@ def new_pool(config: ModelConfig, num_pages: int, page_size: int, backend: str) 
     the gather multiplies masked positions by zero, so they must be finite)."""
     if backend != "native" or current_mesh() is not None:
         return PagedKVCache.create(config, num_pages, page_size)
-    if not native.paged_attention_target():
-        raise RuntimeError("the native CPU paged-attention kernel could not be built (see the warning above); use the gather backend")
+    _require_native()
     shape = jax.ShapeDtypeStruct((config.num_kv_heads, config.num_layers, num_pages, page_size, config.head_dim), config.compute_dtype)
     return PagedKVCache(*jax.ffi.ffi_call(native.UNWRITTEN_POOL, (shape, shape))())
 

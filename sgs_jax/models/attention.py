@@ -53,10 +53,14 @@ class AttentionMask:
     or right padding, whose keys causal masking alone already hides from real queries).
     q_slots [B, T] int32: the key slot of each query (cached case); None = self-attention,
     where query t is key t (T == S).
+    lengths [B] int32 (self-attention with kv_valid None only): the rows are right-padded and
+    row b's real tokens are its first lengths[b]. No backend needs it to be correct; the
+    native kernels use it to skip the padding's work (a row costs its real length).
     """
 
     kv_valid: jax.Array | None = None
     q_slots: jax.Array | None = None
+    lengths: jax.Array | None = None
 
     @property
     def is_self_attention(self) -> bool:
@@ -331,7 +335,12 @@ def native(q, k, v, mask: AttentionMask) -> jax.Array:
         return blockwise(q, k, v, mask)
     if not native_kernels.flash_attention_targets():
         raise RuntimeError("the native CPU attention kernels could not be built (see the warning above); use model.attention=blockwise")
-    valid = jnp.ones(q.shape[:2], bool) if mask.kv_valid is None else mask.kv_valid
+    if mask.kv_valid is not None:
+        valid = mask.kv_valid
+    elif mask.lengths is not None:  # right padding: the kernels skip queries past a row's last valid key
+        valid = jnp.arange(q.shape[1], dtype=jnp.int32)[None, :] < mask.lengths[:, None]
+    else:
+        valid = jnp.ones(q.shape[:2], bool)
     return _per_device(lambda q, k, v, valid: _native_flash(q, k, v, valid.astype(jnp.int32)), q, k, v, valid)
 
 

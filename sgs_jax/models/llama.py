@@ -290,8 +290,9 @@ class Llama(nnx.Module):
         positions [B, T] default to the count of real tokens before each token.
         right_padded=True promises every row's real tokens come first (as the Trainer's
         micro-batches are): causal masking alone then keeps the padding out of every real
-        token's attention, so no padding mask is applied (fused kernels run unmasked) and
-        only padding positions' outputs change.
+        token's attention, so no padding mask is applied (fused kernels run unmasked; the
+        native CPU kernels skip each row's padding) and only padding positions' outputs
+        change.
 
         The layers run as one `lax.scan`; `config.remat_policy` rematerialises its body
         (this is the training entry point; the cached path never remats).
@@ -310,7 +311,10 @@ class Llama(nnx.Module):
         attention_mask = attention_mask.astype(bool)
         if positions is None:
             positions = default_positions(attention_mask)
-        mask = AttentionMask(kv_valid=None if right_padded else attention_mask)
+        if right_padded:
+            mask = AttentionMask(lengths=attention_mask.sum(axis=1, dtype=jnp.int32))
+        else:
+            mask = AttentionMask(kv_valid=attention_mask)
         cos, sin = rope_cos_sin(self.config, positions)
         graphdef, layer_params = nnx.split(self.layers)
 

@@ -87,14 +87,46 @@ def test_self_attention_equals_reference(backend, case):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["causal_only", "lengths"])
 @pytest.mark.parametrize("backend", SELF_BACKENDS)
-def test_causal_only_mask_equals_padding_mask_on_real_rows_of_right_padding(backend):
-    """kv_valid=None (what right_padded=True passes) changes only padding rows."""
+def test_causal_only_mask_equals_padding_mask_on_real_rows_of_right_padding(backend, with_lengths):
+    """kv_valid=None, with or without the rows' lengths (what right_padded=True passes),
+    changes only padding rows."""
     q, k, v, rng = _inputs(3, 128, 128, 4, 2, 16, seed=7)
     valid = _padding(rng, 3, 128, "right")
+    causal_mask = A.AttentionMask(lengths=jnp.asarray(valid.sum(1), jnp.int32)) if with_lengths else A.AttentionMask()
     masked = jax.jit(lambda q, k, v: _run(backend, q, k, v, A.AttentionMask(kv_valid=jnp.asarray(valid))))(q, k, v)
-    causal = jax.jit(lambda q, k, v: _run(backend, q, k, v, A.AttentionMask()))(q, k, v)
+    causal = jax.jit(lambda q, k, v: _run(backend, q, k, v, causal_mask))(q, k, v)
     np.testing.assert_allclose(np.asarray(causal)[valid], np.asarray(masked)[valid], atol=TOL, rtol=0)
+
+
+def test_native_skips_each_rows_right_padding():
+    """Given the rows' lengths, the native kernels compute no query past a row's end: its
+    outputs and every padding gradient are exactly 0, and the real rows' outputs and the
+    gradients of a loss on them equal the reference's. Lengths end mid-tile, on a tile
+    boundary, at 1, and at 0 (a row of padding only)."""
+    if not native.flash_attention_targets():
+        pytest.skip("the native CPU kernels could not be built here (no C++ compiler?)")
+    lengths = np.array([200, 128, 65, 1, 0])
+    q, k, v, rng = _inputs(len(lengths), 200, 200, 4, 2, 32, seed=3)
+    valid = np.arange(200)[None, :] < lengths[:, None]
+    mask, ref_mask = A.AttentionMask(lengths=jnp.asarray(lengths, jnp.int32)), A.AttentionMask(kv_valid=jnp.asarray(valid))
+    fn = lambda q, k, v: A.native(q, k, v, mask)  # noqa: E731
+    ref_fn = lambda q, k, v: A.reference(q, k, v, ref_mask)  # noqa: E731
+    out, ref = np.asarray(jax.jit(fn)(q, k, v)), np.asarray(ref_fn(q, k, v))
+    assert (out[~valid] == 0).all()
+    np.testing.assert_allclose(out[valid], ref[valid], atol=TOL, rtol=0)
+    weight = jnp.asarray(rng.normal(size=ref.shape), jnp.float32) * jnp.asarray(valid)[:, :, None, None]
+    grads = jax.jit(lambda q, k, v: _grads(fn, q, k, v, weight))(q, k, v)
+    for got, want in zip(grads, _grads(ref_fn, q, k, v, weight)):
+        assert (np.asarray(got)[~valid] == 0).all()
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL, rtol=0)
+    # A loss that reads padding rows too: they are constant 0, so no gradient reaches q, k, v from them.
+    everywhere = jnp.asarray(rng.normal(size=ref.shape), jnp.float32)
+    real_only = everywhere * jnp.asarray(valid)[:, :, None, None]
+    grads_everywhere = jax.jit(lambda q, k, v: _grads(fn, q, k, v, everywhere))(q, k, v)
+    for got, want in zip(grads_everywhere, jax.jit(lambda q, k, v: _grads(fn, q, k, v, real_only))(q, k, v)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 @pytest.mark.parametrize("backend", SELF_BACKENDS)

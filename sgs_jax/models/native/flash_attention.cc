@@ -12,11 +12,14 @@
 //
 // D must be a multiple of 16 (one 16-float vector per 16 dims; the JAX side checks). Query t
 // sees keys s <= t with valid[s]; a query that sees no key gets output 0 and log-sum-exp
-// -1e30 (and no gradient). Work is split in (batch row, KV head) units over XLA's intra-op
-// thread pool; a unit owns its G = Hq / Hkv query heads, so dk / dv sum over the group
-// without sharing. Inside a unit, rows are copied into zero-padded [T64, D] buffers (T64 =
-// T rounded up to 64), so every tile is full and the tile products below run on fixed
-// shapes the compiler keeps in vector registers.
+// -1e30 (and no gradient). A row's queries past its last valid key (right padding, whose
+// outputs the JAX side leaves unspecified) are not computed: they too get output 0 and no
+// gradient, so a right-padded row costs what its real length does, not the padded one.
+// Work is split in (batch row, KV head) units over XLA's intra-op thread pool, longest rows
+// first; a unit owns its G = Hq / Hkv query heads, so dk / dv sum over the group without
+// sharing. Inside a unit, rows are copied into zero-padded [T64, D] buffers (T64 = T
+// rounded up to 64), so every tile is full and the tile products below run on fixed shapes
+// the compiler keeps in vector registers.
 
 #include <algorithm>
 #include <cmath>
@@ -152,15 +155,26 @@ struct Buffers {
   float *out_w, *lse_w, *dq, *dk, *dv;
 };
 
+// Row b's end: one past its last valid key (0 if it has none). Queries from there on see
+// only keys that every real query is masked from, so they are skipped.
+int64_t RowEnd(const Dims& d, const int32_t* valid, int64_t b) {
+  for (int64_t t = d.length; t > 0; --t) {
+    if (valid[b * d.length + t - 1]) return t;
+  }
+  return 0;
+}
+
 // A unit's keys and values copied out of the [B, T, Hkv, D] inputs into padded rows, the
-// keys also transposed (and the values, for the backward's dO V^T), with key validity.
+// keys also transposed (and the values, for the backward's dO V^T), with key validity and
+// the row's end.
 struct UnitKeys {
   std::vector<int32_t> valid;
   std::vector<char> valid_tiles;
   std::vector<float> k, kt, v, vt;
+  int64_t end;
 
   UnitKeys(const Dims& d, const Buffers& io, int64_t b, int64_t kh, bool transposed_values)
-      : valid(d.padded, 0), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim) {
+      : valid(d.padded, 0), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim), end(RowEnd(d, io.valid, b)) {
     std::copy(io.valid + b * d.length, io.valid + (b + 1) * d.length, valid.begin());
     valid_tiles = ValidTiles(valid, d.padded);
     Gather(io.k, d.kv_heads, d, b, kh, k.data());
@@ -176,8 +190,9 @@ struct UnitKeys {
 template <int DV>
 void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
   constexpr int64_t D = 16 * DV;
-  const int64_t T = d.length, T64 = d.padded;
+  const int64_t T64 = d.padded;
   const UnitKeys keys(d, io, b, kh, /*transposed_values=*/false);
+  const int64_t T = keys.end;  // queries from here on are padding: output 0
   const std::vector<float>&kt = keys.kt, &v = keys.v;
   std::vector<float> q(T64 * D), o(T64 * D), s(kTile * kTile), m(kTile), l(kTile);
   for (int64_t g = 0; g < d.group(); ++g) {
@@ -214,9 +229,10 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
         const bool seen = l[r] > 0.0f;
         const float inverse = seen ? 1.0f / l[r] : 0.0f;
         for (int64_t e = 0; e < D; ++e) oq[r * D + e] *= inverse;
-        io.lse_w[(b * d.q_heads + h) * T + q0 + r] = seen ? m[r] + std::log(l[r]) : kMasked;
+        io.lse_w[(b * d.q_heads + h) * d.length + q0 + r] = seen ? m[r] + std::log(l[r]) : kMasked;
       }
     }
+    std::fill(io.lse_w + (b * d.q_heads + h) * d.length + T, io.lse_w + (b * d.q_heads + h + 1) * d.length, kMasked);
     Scatter(o.data(), d.q_heads, d, b, h, io.out_w);
   }
 }
@@ -224,8 +240,9 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
 template <int DV>
 void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
   constexpr int64_t D = 16 * DV;
-  const int64_t T = d.length, T64 = d.padded;
+  const int64_t T64 = d.padded;
   const UnitKeys keys(d, io, b, kh, /*transposed_values=*/true);
+  const int64_t T = keys.end;  // queries from here on are padding: no gradient
   const std::vector<float>&k = keys.k, &kt = keys.kt, &vt = keys.vt;
   std::vector<float> q(T64 * D), o(T64 * D), dout(T64 * D), dq(T64 * D);
   std::vector<float> dk(T64 * D, 0.0f), dv(T64 * D, 0.0f), delta(T64), lse(T64), p(kTile * kTile), dp(kTile * kTile);
@@ -234,7 +251,7 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
     Gather(io.q, d.q_heads, d, b, h, q.data());
     Gather(io.out, d.q_heads, d, b, h, o.data());
     Gather(io.d_out, d.q_heads, d, b, h, dout.data());
-    std::copy(io.lse + (b * d.q_heads + h) * T, io.lse + (b * d.q_heads + h + 1) * T, lse.begin());
+    std::copy(io.lse + (b * d.q_heads + h) * d.length, io.lse + (b * d.q_heads + h) * d.length + T, lse.begin());
     for (int64_t t = 0; t < T64; ++t) {
       float acc = 0.0f;
       for (int64_t e = 0; e < D; ++e) acc += dout[t * D + e] * o[t * D + e];
@@ -274,12 +291,18 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
   Scatter(dv.data(), d.kv_heads, d, b, kh, io.dv);
 }
 
-// Runs Unit<DV>(d, io, b, kh) over every (b, kh) for the DV of d.dim.
+// Runs Unit<DV>(d, io, b, kh) over every (b, kh) for the DV of d.dim, the rows with the most
+// work (the latest end) first, so a long row is not left to one thread at the end.
 template <typename Forward>
 ffi::Error RunUnits(ffi::ThreadPool& pool, const Dims& d, const Buffers& io, Forward) {
+  std::vector<int64_t> ends(d.batch), order(d.batch * d.kv_heads);
+  for (int64_t b = 0; b < d.batch; ++b) ends[b] = RowEnd(d, io.valid, b);
+  for (int64_t unit = 0; unit < d.batch * d.kv_heads; ++unit) order[unit] = unit;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return ends[x / d.kv_heads] > ends[y / d.kv_heads]; });
   auto run = [&](auto unit_fn) {
-    sgs_native::ParallelFor(pool, d.batch * d.kv_heads, [&d, io, unit_fn](int64_t unit) {
-      unit_fn(d, io, unit / d.kv_heads, unit % d.kv_heads);
+    sgs_native::ParallelFor(pool, d.batch * d.kv_heads, [&d, io, unit_fn, order](int64_t unit) {
+      unit_fn(d, io, order[unit] / d.kv_heads, order[unit] % d.kv_heads);
     });
     return ffi::Error::Success();
   };

@@ -35,10 +35,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sgs_jax.models import native as native_kernels
-from sgs_jax.parallel.rules import current_mesh, logical_to_spec
+from sgs_jax.parallel.rules import compile_platform, current_mesh, logical_to_spec
 
 # Masked scores: finite, so a row with nothing visible gives no NaN.
 _MASKED = -1e30
@@ -130,7 +129,7 @@ def splash(q, k, v, mask: AttentionMask, interpret: bool | None = None) -> jax.A
     if not mask.is_self_attention:
         raise ValueError("the splash backend serves self-attention; cached calls use xla")
     if interpret is None:
-        interpret = _platform() != "tpu"
+        interpret = compile_platform() != "tpu"
     b, t, hq, d = q.shape
     padded = -(-t // _SPLASH_LANES) * _SPLASH_LANES
     pad = ((0, 0), (0, padded - t), (0, 0), (0, 0))
@@ -377,16 +376,6 @@ _native_flash.defvjp(_native_flash_fwd, _native_flash_bwd)
 BACKENDS = {"reference": reference, "blockwise": blockwise, "native": native, "xla": xla, "cudnn": cudnn, "splash": splash}
 
 
-def _platform() -> str:
-    """The platform being compiled for: the enclosing mesh's devices (so a deviceless TPU
-    compile on a CPU host picks TPU kernels), else JAX's default backend."""
-    current = current_mesh()
-    devices = getattr(current[0], "devices", None) if current else None
-    if devices is not None and np.size(devices):
-        return np.ravel(devices)[0].platform
-    return jax.default_backend()
-
-
 def select_backend(implementation: str, platform: str, mask: AttentionMask, dtype) -> str:
     """The backend `attend` runs for a `ModelConfig.attention` value on `platform`.
 
@@ -413,4 +402,4 @@ def select_backend(implementation: str, platform: str, mask: AttentionMask, dtyp
 
 def attend(q, k, v, mask: AttentionMask, implementation: str = "auto") -> jax.Array:
     """Attention of q over k/v under `mask` with the chosen backend (see module docstring)."""
-    return BACKENDS[select_backend(implementation, _platform(), mask, q.dtype)](q, k, v, mask)
+    return BACKENDS[select_backend(implementation, compile_platform(), mask, q.dtype)](q, k, v, mask)

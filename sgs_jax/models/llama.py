@@ -1,6 +1,6 @@
 """The LLaMA-family decoder (DeepSeek-Prover-V2-7B's architecture) in Flax NNX.
 
-Parameter layouts are chosen for einsum and sharding, not copied from PyTorch; every
+Parameter layouts are chosen for the projections (`project`) and sharding, not copied from PyTorch; every
 per-layer parameter is stacked over layers (leading [layers] axis) and the decoder runs as
 one `lax.scan` over them, so compile time does not grow with depth:
   embed.embedding                  [vocab, embed]
@@ -23,6 +23,8 @@ Three entry points share every layer:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +37,7 @@ from sgs_jax.models.paged_attention import paged_decode
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache
 from sgs_jax.models.rope import apply_rope, rope_cos_sin
 from sgs_jax.parallel.placement import DEVICE, HOST
-from sgs_jax.parallel.rules import activation_sharding, constrain, current_mesh, named_sharding
+from sgs_jax.parallel.rules import activation_sharding, compile_platform, constrain, current_mesh, named_sharding
 
 _INIT_STD = 0.02  # transformers' Llama initializer_range
 
@@ -44,8 +46,48 @@ def _param(rngs: nnx.Rngs, shape, dtype, std=_INIT_STD) -> nnx.Param:
     return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * std)
 
 
+def project(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
+    """x [..., *in] times kernel [*in, *out] -> [..., *out]: x's last `contract` dims
+    against kernel's first `contract` (every projection of the model, LM head included).
+
+    On CPU outside a mesh, the matmul runs on x and kernel flattened to 2-D with a custom
+    VJP whose weight gradient contracts the flattened token axis of x and of the output
+    gradient as they are. Left to autodiff, XLA:CPU writes the output gradient (or an
+    elementwise result feeding it) out transposed for that dot, a strided copy of every
+    [tokens, features] gradient in the layer scan's backward (`docs/training.md`). Elsewhere
+    (accelerators, and CPU meshes, which stand in for them in tests) it is `jnp.tensordot`,
+    whose gradient GSPMD shards and those compilers lay out well."""
+    if current_mesh() is None and compile_platform() == "cpu":
+        return _project_2d(x, kernel, contract)
+    return jnp.tensordot(x, kernel, axes=contract)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _project_2d(x, kernel, contract):
+    return _project_2d_fwd(x, kernel, contract)[0]
+
+
+def _project_2d_fwd(x, kernel, contract):
+    lead, features_in = x.shape[: x.ndim - contract], math.prod(x.shape[x.ndim - contract :])
+    out_shape = kernel.shape[contract:]
+    y = x.reshape(-1, features_in) @ kernel.reshape(features_in, -1)
+    return y.reshape(*lead, *out_shape), (x, kernel)
+
+
+def _project_2d_bwd(contract, residuals, dy):
+    x, kernel = residuals
+    features_in = math.prod(kernel.shape[:contract])
+    x2, dy2, k2 = x.reshape(-1, features_in), dy.reshape(-1, math.prod(kernel.shape[contract:])), kernel.reshape(features_in, -1)
+    dx = jax.lax.dot_general(dy2, k2, (((1,), (1,)), ((), ())))  # dy @ kernel^T
+    dkernel = jax.lax.dot_general(x2, dy2, (((0,), (0,)), ((), ())))  # x^T @ dy, over the tokens as laid out
+    return dx.reshape(x.shape), dkernel.reshape(kernel.shape)
+
+
+_project_2d.defvjp(_project_2d_fwd, _project_2d_bwd)
+
+
 class Weight(nnx.Module):
-    """One named weight tensor `kernel`; the einsum that uses it lives with its user."""
+    """One named weight tensor `kernel`; the projection that uses it lives with its user."""
 
     def __init__(self, rngs: nnx.Rngs, shape, dtype):
         self.kernel = _param(rngs, shape, dtype)
@@ -92,16 +134,16 @@ class Attention(nnx.Module):
         """
         dt = self.config.compute_dtype
         if qkv_kernel is None:
-            q = jnp.einsum("bte,ehd->bthd", x, self.q_proj.kernel[...].astype(dt))
-            k = jnp.einsum("bte,ehd->bthd", x, self.k_proj.kernel[...].astype(dt))
-            v = jnp.einsum("bte,ehd->bthd", x, self.v_proj.kernel[...].astype(dt))
+            q = project(x, self.q_proj.kernel[...].astype(dt))
+            k = project(x, self.k_proj.kernel[...].astype(dt))
+            v = project(x, self.v_proj.kernel[...].astype(dt))
         else:
-            q, k, v = jnp.split(jnp.einsum("bte,ehd->bthd", x, qkv_kernel.astype(dt)), self._qkv_splits(), axis=2)
+            q, k, v = jnp.split(project(x, qkv_kernel.astype(dt)), self._qkv_splits(), axis=2)
         q = constrain(apply_rope(q, cos, sin), ("batch", "seq", "q_heads", "head_dim"))
         k = apply_rope(k, cos, sin)
         if isinstance(mask, PagedBatch):
             out, cache_kv = paged_decode(q[:, 0], k[:, 0], v[:, 0], cache_kv, layer, mask)
-            return jnp.einsum("bhd,hde->be", out, self.o_proj.kernel[...].astype(dt))[:, None], cache_kv
+            return project(out, self.o_proj.kernel[...].astype(dt), contract=2)[:, None], cache_kv
         if cache_kv is not None:
             keys, values = cache_kv
             rows = jnp.arange(x.shape[0])[:, None]
@@ -111,7 +153,7 @@ class Attention(nnx.Module):
         k = constrain(k, ("batch", "cache_seq", "kv_heads", "head_dim")).astype(dt)
         v = constrain(v, ("batch", "cache_seq", "kv_heads", "head_dim")).astype(dt)
         out = attend(q, k, v, mask, self.config.attention)
-        return jnp.einsum("bthd,hde->bte", out, self.o_proj.kernel[...].astype(dt)), cache_kv
+        return project(out, self.o_proj.kernel[...].astype(dt), contract=2), cache_kv
 
     def _qkv_splits(self) -> tuple[int, int]:
         """Where q, k and v start and end along the fused kernel's heads axis."""
@@ -133,12 +175,12 @@ class MLP(nnx.Module):
         kernels concatenated ([E, 2 mlp], `FusedProjections`), multiplied as one matmul."""
         dt = self.config.compute_dtype
         if gate_up_kernel is None:
-            gate = x @ self.gate_proj.kernel[...].astype(dt)
-            up = x @ self.up_proj.kernel[...].astype(dt)
+            gate = project(x, self.gate_proj.kernel[...].astype(dt))
+            up = project(x, self.up_proj.kernel[...].astype(dt))
         else:
-            gate, up = jnp.split(x @ gate_up_kernel.astype(dt), 2, axis=-1)
+            gate, up = jnp.split(project(x, gate_up_kernel.astype(dt)), 2, axis=-1)
         hidden = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
-        return hidden @ self.down_proj.kernel[...].astype(dt)
+        return project(hidden, self.down_proj.kernel[...].astype(dt))
 
 
 class DecoderLayer(nnx.Module):
@@ -276,9 +318,9 @@ class Llama(nnx.Module):
         """Final-normed hidden states [..., E] -> logits [..., V] in fp32."""
         dt = self.config.compute_dtype
         if self.config.tie_word_embeddings:
-            logits = hidden @ self.embed.embedding[...].astype(dt).T
+            logits = project(hidden, self.embed.embedding[...].astype(dt).T)
         else:
-            logits = hidden @ self.lm_head.kernel[...].astype(dt)
+            logits = project(hidden, self.lm_head.kernel[...].astype(dt))
         return logits.astype(jnp.float32)
 
     # ---- full forward -------------------------------------------------------------------

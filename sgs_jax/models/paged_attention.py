@@ -32,10 +32,9 @@ import jax
 import jax.numpy as jnp
 
 from sgs_jax.models import native
-from sgs_jax.models.attention import _platform
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache, RaggedWork, ragged_work, write_token
-from sgs_jax.parallel.rules import current_mesh, logical_to_spec
+from sgs_jax.parallel.rules import compile_platform, current_mesh, logical_to_spec
 
 _MASKED = -1e30  # finite, so a row with nothing visible gives no NaN
 PAGED_BACKENDS = ("gather", "native", "pallas_tpu", "pallas_gpu")
@@ -156,7 +155,7 @@ def pallas_gpu_attention(q, keys, values, layer, batch: PagedBatch, interpret: b
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
     if interpret is None:
-        interpret = _platform() != "gpu"
+        interpret = compile_platform() != "gpu"
     q, k_pages, v_pages, indices, lengths = _kernel_operands(q, keys, values, layer, batch)
     max_pages = indices.shape[1]
     splits = _compute_block(max_pages, 16)

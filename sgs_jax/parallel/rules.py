@@ -16,6 +16,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # logical axis -> mesh axes (None = replicated). FSDP shards the embedding dimension of
@@ -211,6 +212,16 @@ def activation_sharding(mesh: Mesh, rules: Mapping | None = None):
 def current_mesh() -> tuple[Mesh, Mapping] | None:
     """(mesh, rules) of the enclosing `activation_sharding`, or None outside one."""
     return _CURRENT.get()
+
+
+def compile_platform() -> str:
+    """The platform being compiled for: the enclosing mesh's devices (so a deviceless TPU
+    compile on a CPU host picks TPU code paths), else JAX's default backend."""
+    current = _CURRENT.get()
+    devices = getattr(current[0], "devices", None) if current else None
+    if devices is not None and np.size(devices):
+        return np.ravel(devices)[0].platform
+    return jax.default_backend()
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:

@@ -18,6 +18,7 @@ from sgs_jax.models import attention as A
 from sgs_jax.models import create_model, native, tiny
 from sgs_jax.models.config import ATTENTION_IMPLEMENTATIONS
 from sgs_jax.parallel import activation_sharding, make_mesh
+from sgs_jax.parallel.rules import compile_platform
 
 TOL = 1e-5
 BF16_TOL = 3e-2
@@ -217,9 +218,9 @@ def test_auto_picks_per_platform_and_cached_calls_fall_back_to_xla():
 def test_platform_follows_the_enclosing_mesh():
     """Inside `activation_sharding` the mesh's devices decide (a deviceless TPU compile
     picks splash); here they are CPU devices."""
-    assert A._platform() == jax.default_backend()
+    assert compile_platform() == jax.default_backend()
     with activation_sharding(make_mesh(data=1, fsdp=2, tensor=1, devices=jax.devices()[:2])):
-        assert A._platform() == "cpu"
+        assert compile_platform() == "cpu"
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention needs an NVIDIA GPU")

@@ -50,16 +50,22 @@ def project(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
     """x [..., *in] times kernel [*in, *out] -> [..., *out]: x's last `contract` dims
     against kernel's first `contract` (every projection of the model, LM head included).
 
-    On CPU outside a mesh, the matmul runs on x and kernel flattened to 2-D with a custom
-    VJP whose weight gradient contracts the flattened token axis of x and of the output
-    gradient as they are. Left to autodiff, XLA:CPU writes the output gradient (or an
-    elementwise result feeding it) out transposed for that dot, a strided copy of every
-    [tokens, features] gradient in the layer scan's backward (`docs/training.md`). Elsewhere
-    (accelerators, and CPU meshes, which stand in for them in tests) it is `jnp.tensordot`,
-    whose gradient GSPMD shards and those compilers lay out well."""
-    if current_mesh() is None and compile_platform() == "cpu":
+    On one CPU device (no mesh, or the Trainer's one-device mesh), the matmul runs on x
+    and kernel flattened to 2-D with a custom VJP whose weight gradient contracts the
+    flattened token axis of x and of the output gradient as they are. Left to autodiff,
+    XLA:CPU writes the output gradient (or an elementwise result feeding it) out transposed
+    for that dot, a strided copy of every [tokens, features] gradient in the layer scan's
+    backward (`docs/training.md`). Elsewhere (accelerators, and CPU meshes of several
+    devices, which stand in for them in tests) it is `jnp.tensordot`, whose gradient GSPMD
+    shards and those compilers lay out well."""
+    if _one_cpu_device():
         return _project_2d(x, kernel, contract)
     return jnp.tensordot(x, kernel, axes=contract)
+
+
+def _one_cpu_device() -> bool:
+    current = current_mesh()
+    return compile_platform() == "cpu" and (current is None or current[0].size == 1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -60,3 +60,17 @@ def test_weight_gradients_need_no_transposed_copy_on_cpu():
     """The check can fail: autodiff of the same matmul as a plain tensordot gets them."""
     assert _transposed_copies(lambda x, k: jnp.tensordot(x, k, axes=1))
     assert _transposed_copies(project) == []
+
+
+def test_project_keeps_bf16_in_bf16():
+    """bf16 compute: output and both gradients stay bf16, within bf16 rounding of tensordot's."""
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.normal(size=(2, 7, 32)), jnp.bfloat16)
+    kernel = jnp.asarray(rng.normal(size=(32, 4, 8)) * 0.2, jnp.bfloat16)
+    loss = lambda fn: lambda x, k: jnp.sum(fn(x, k).astype(jnp.float32) ** 2)  # noqa: E731
+    ours = jax.jit(jax.grad(loss(project), argnums=(0, 1)))(x, kernel)
+    want = jax.grad(loss(lambda x, k: jnp.tensordot(x, k, axes=1)), argnums=(0, 1))(x, kernel)
+    for got, ref in zip(ours, want):
+        assert got.dtype == jnp.bfloat16
+        scale = float(jnp.abs(ref.astype(jnp.float32)).max())
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32), atol=2e-2 * scale, rtol=0)

@@ -73,17 +73,22 @@ def _project_2d(x, kernel, contract):
     return _project_2d_fwd(x, kernel, contract)[0]
 
 
+def _as_2d(x, kernel, contract):
+    """(x [tokens, in], kernel [in, out]): both flattened around the contracted dims."""
+    features_in = math.prod(kernel.shape[:contract])
+    return x.reshape(-1, features_in), kernel.reshape(features_in, -1)
+
+
 def _project_2d_fwd(x, kernel, contract):
-    lead, features_in = x.shape[: x.ndim - contract], math.prod(x.shape[x.ndim - contract :])
-    out_shape = kernel.shape[contract:]
-    y = x.reshape(-1, features_in) @ kernel.reshape(features_in, -1)
-    return y.reshape(*lead, *out_shape), (x, kernel)
+    x2, k2 = _as_2d(x, kernel, contract)
+    y = (x2 @ k2).reshape(*x.shape[: x.ndim - contract], *kernel.shape[contract:])
+    return y, (x, kernel)
 
 
 def _project_2d_bwd(contract, residuals, dy):
     x, kernel = residuals
-    features_in = math.prod(kernel.shape[:contract])
-    x2, dy2, k2 = x.reshape(-1, features_in), dy.reshape(-1, math.prod(kernel.shape[contract:])), kernel.reshape(features_in, -1)
+    x2, k2 = _as_2d(x, kernel, contract)
+    dy2 = dy.reshape(x2.shape[0], k2.shape[1])
     dx = jax.lax.dot_general(dy2, k2, (((1,), (1,)), ((), ())))  # dy @ kernel^T
     dkernel = jax.lax.dot_general(x2, dy2, (((0,), (0,)), ((), ())))  # x^T @ dy, over the tokens as laid out
     return dx.reshape(x.shape), dkernel.reshape(kernel.shape)

@@ -165,16 +165,14 @@ int64_t RowEnd(const Dims& d, const int32_t* valid, int64_t b) {
 }
 
 // A unit's keys and values copied out of the [B, T, Hkv, D] inputs into padded rows, the
-// keys also transposed (and the values, for the backward's dO V^T), with key validity and
-// the row's end.
+// keys also transposed (and the values, for the backward's dO V^T), with key validity.
 struct UnitKeys {
   std::vector<int32_t> valid;
   std::vector<char> valid_tiles;
   std::vector<float> k, kt, v, vt;
-  int64_t end;
 
   UnitKeys(const Dims& d, const Buffers& io, int64_t b, int64_t kh, bool transposed_values)
-      : valid(d.padded, 0), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim), end(RowEnd(d, io.valid, b)) {
+      : valid(d.padded, 0), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim) {
     std::copy(io.valid + b * d.length, io.valid + (b + 1) * d.length, valid.begin());
     valid_tiles = ValidTiles(valid, d.padded);
     Gather(io.k, d.kv_heads, d, b, kh, k.data());
@@ -187,12 +185,12 @@ struct UnitKeys {
   }
 };
 
+// end: the row's `RowEnd`; queries from there on are padding and get output 0.
 template <int DV>
-void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
+void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_t end) {
   constexpr int64_t D = 16 * DV;
-  const int64_t T64 = d.padded;
+  const int64_t T = end, T64 = d.padded;
   const UnitKeys keys(d, io, b, kh, /*transposed_values=*/false);
-  const int64_t T = keys.end;  // queries from here on are padding: output 0
   const std::vector<float>&kt = keys.kt, &v = keys.v;
   std::vector<float> q(T64 * D), o(T64 * D), s(kTile * kTile), m(kTile), l(kTile);
   for (int64_t g = 0; g < d.group(); ++g) {
@@ -237,12 +235,12 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
   }
 }
 
+// end: the row's `RowEnd`; queries from there on are padding and get no gradient.
 template <int DV>
-void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
+void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_t end) {
   constexpr int64_t D = 16 * DV;
-  const int64_t T64 = d.padded;
+  const int64_t T = end, T64 = d.padded;
   const UnitKeys keys(d, io, b, kh, /*transposed_values=*/true);
-  const int64_t T = keys.end;  // queries from here on are padding: no gradient
   const std::vector<float>&k = keys.k, &kt = keys.kt, &vt = keys.vt;
   std::vector<float> q(T64 * D), o(T64 * D), dout(T64 * D), dq(T64 * D);
   std::vector<float> dk(T64 * D, 0.0f), dv(T64 * D, 0.0f), delta(T64), lse(T64), p(kTile * kTile), dp(kTile * kTile);
@@ -291,8 +289,8 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) {
   Scatter(dv.data(), d.kv_heads, d, b, kh, io.dv);
 }
 
-// Runs Unit<DV>(d, io, b, kh) over every (b, kh) for the DV of d.dim, the rows with the most
-// work (the latest end) first, so a long row is not left to one thread at the end.
+// Runs Unit<DV>(d, io, b, kh, end of row b) over every (b, kh) for the DV of d.dim, the rows
+// with the most work (the latest end) first, so a long row is not left to one thread at the end.
 template <typename Forward>
 ffi::Error RunUnits(ffi::ThreadPool& pool, const Dims& d, const Buffers& io, Forward) {
   std::vector<int64_t> ends(d.batch), order(d.batch * d.kv_heads);
@@ -301,8 +299,9 @@ ffi::Error RunUnits(ffi::ThreadPool& pool, const Dims& d, const Buffers& io, For
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return ends[x / d.kv_heads] > ends[y / d.kv_heads]; });
   auto run = [&](auto unit_fn) {
-    sgs_native::ParallelFor(pool, d.batch * d.kv_heads, [&d, io, unit_fn, order](int64_t unit) {
-      unit_fn(d, io, order[unit] / d.kv_heads, order[unit] % d.kv_heads);
+    sgs_native::ParallelFor(pool, d.batch * d.kv_heads, [&d, io, unit_fn, order, ends](int64_t unit) {
+      const int64_t b = order[unit] / d.kv_heads;
+      unit_fn(d, io, b, order[unit] % d.kv_heads, ends[b]);
     });
     return ffi::Error::Success();
   };
@@ -321,11 +320,11 @@ ffi::Error RunUnits(ffi::ThreadPool& pool, const Dims& d, const Buffers& io, For
 
 struct ForwardKind {
   template <int DV>
-  static void Unit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) { ForwardUnit<DV>(d, io, b, kh); }
+  static void Unit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_t end) { ForwardUnit<DV>(d, io, b, kh, end); }
 };
 struct BackwardKind {
   template <int DV>
-  static void Unit(const Dims& d, const Buffers& io, int64_t b, int64_t kh) { BackwardUnit<DV>(d, io, b, kh); }
+  static void Unit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_t end) { BackwardUnit<DV>(d, io, b, kh, end); }
 };
 
 ffi::Error DimsOf(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::S32>& valid, Dims* d) {

@@ -6,6 +6,7 @@ q [B, T, Hq, D], k/v [B, S, Hkv, D] (Hq a multiple of Hkv: grouped-query attenti
 [B, T, Hq, D] in q's dtype. Which keys a query sees is an `AttentionMask`:
 
   self-attention (training, full forward):   T == S, query t sees keys s <= t that are valid
+                                              (packed rows: and of its own segment)
   cached (prefill / decode into a KV cache): query t sits at cache slot q_slots[b, t] and
                                               sees the valid slots s <= q_slots[b, t]
 
@@ -55,11 +56,16 @@ class AttentionMask:
     lengths [B] int32 (self-attention with kv_valid None only): the rows are right-padded and
     row b's real tokens are its first lengths[b]. No backend needs it to be correct; the
     native kernels use it to skip the padding's work (a row costs its real length).
+    segment_ids [B, T] int32 (self-attention with kv_valid None only): packed rows, several
+    sequences side by side (`sgs_jax.rl.batching.pack_micro_batches`): query t sees keys
+    s <= t with segment_ids[s] == segment_ids[t] != 0 (0 marks padding). Each segment is one
+    contiguous run; the fused backends skip the work between segments.
     """
 
     kv_valid: jax.Array | None = None
     q_slots: jax.Array | None = None
     lengths: jax.Array | None = None
+    segment_ids: jax.Array | None = None
 
     @property
     def is_self_attention(self) -> bool:
@@ -71,7 +77,23 @@ class AttentionMask:
         visible = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= slots[:, :, None]
         if self.kv_valid is not None:
             visible = visible & self.kv_valid[:, None, :]
+        if self.segment_ids is not None:
+            seg = self.segment_ids
+            visible = visible & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
         return jnp.broadcast_to(visible, (batch, t, s))
+
+    def segments(self, batch: int, t: int) -> jax.Array:
+        """[B, T] int32 segment ids of self-attention (0 = padding): `segment_ids`, or one
+        segment of the valid keys (`kv_valid`, else the first `lengths[b]`, else all). A query
+        sees the earlier keys of its own non-zero segment; for padding queries (whose outputs
+        are unspecified) that is none."""
+        if self.segment_ids is not None:
+            return self.segment_ids.astype(jnp.int32)
+        if self.kv_valid is not None:
+            return self.kv_valid.astype(jnp.int32)
+        if self.lengths is not None:
+            return (jnp.arange(t, dtype=jnp.int32)[None, :] < self.lengths[:, None]).astype(jnp.int32)
+        return jnp.ones((batch, t), jnp.int32)
 
 
 # ---- reference ---------------------------------------------------------------------------
@@ -94,7 +116,7 @@ def reference(q, k, v, mask: AttentionMask) -> jax.Array:
 
 def xla(q, k, v, mask: AttentionMask) -> jax.Array:
     """`jax.nn.dot_product_attention` with XLA's implementation (any mask)."""
-    if mask.is_self_attention:
+    if mask.is_self_attention and mask.segment_ids is None:
         dense = None if mask.kv_valid is None else mask.kv_valid[:, None, None, :]
         return jax.nn.dot_product_attention(q, k, v, mask=dense, is_causal=True, implementation="xla")
     dense = mask.dense(q.shape[0], q.shape[1], k.shape[1])[:, None]
@@ -103,15 +125,17 @@ def xla(q, k, v, mask: AttentionMask) -> jax.Array:
 
 def cudnn(q, k, v, mask: AttentionMask) -> jax.Array:
     """cuDNN flash attention (self-attention; bf16/fp16). Causal masking is the kernel's own;
-    a padding mask (`kv_valid`) goes in as a [B, 1, T, S] bias, so the Trainer's
-    right-padded batches (kv_valid None) run without one."""
+    a padding mask (`kv_valid`) or packed rows' segments go in as a [B, 1, T, S] mask, so
+    the Trainer's right-padded batches (kv_valid None) run without one."""
     if not mask.is_self_attention:
         raise ValueError("the cudnn backend serves self-attention; cached calls use xla")
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         raise ValueError(f"model.attention='cudnn' needs model.dtype bfloat16 or float16, got {q.dtype}")
     dense = None
-    if mask.kv_valid is not None:
-        b, t, s = q.shape[0], q.shape[1], k.shape[1]
+    b, t, s = q.shape[0], q.shape[1], k.shape[1]
+    if mask.segment_ids is not None:
+        dense = mask.dense(b, t, s)[:, None]
+    elif mask.kv_valid is not None:
         dense = jnp.broadcast_to(mask.kv_valid[:, None, None, :], (b, 1, t, s))
     return jax.nn.dot_product_attention(q, k, v, mask=dense, is_causal=True, implementation="cudnn")
 
@@ -122,9 +146,9 @@ _SPLASH_LANES = 128  # splash blocks are multiples of the TPU lane width
 
 
 def splash(q, k, v, mask: AttentionMask, interpret: bool | None = None) -> jax.Array:
-    """The Pallas splash-attention kernel (self-attention): causal mask, padding as segment
-    ids (padding keys are segment 0, so a real query never sees them). The sequence is
-    padded up to a multiple of 128 (the kernel's block granularity) and cut back after.
+    """The Pallas splash-attention kernel (self-attention): causal mask, padding and packed
+    rows as segment ids (padding keys are segment 0, so a real query never sees them). The
+    sequence is padded up to a multiple of 128 (the kernel's block granularity) and cut back after.
     `interpret` defaults to True off TPU (Pallas interpret mode, for tests)."""
     if not mask.is_self_attention:
         raise ValueError("the splash backend serves self-attention; cached calls use xla")
@@ -135,13 +159,15 @@ def splash(q, k, v, mask: AttentionMask, interpret: bool | None = None) -> jax.A
     pad = ((0, 0), (0, padded - t), (0, 0), (0, 0))
     q, k, v = (jnp.pad(x, pad) for x in (q * jnp.asarray(d**-0.5, q.dtype), k, v))
     # Trailing padding sits after every real query, so causal masking already hides it.
-    valid = None if mask.kv_valid is None else jnp.pad(mask.kv_valid, ((0, 0), (0, padded - t)))
+    segments = None
+    if mask.kv_valid is not None or mask.segment_ids is not None:
+        segments = jnp.pad(mask.segments(b, t), ((0, 0), (0, padded - t)))
     kernel = functools.partial(_splash_per_device, heads=hq, length=padded, interpret=interpret)
-    out = _per_device(kernel, q, k, v, valid)
+    out = _per_device(kernel, q, k, v, segments)
     return out[:, :t]
 
 
-def _splash_per_device(q, k, v, valid, *, heads: int, length: int, interpret: bool):
+def _splash_per_device(q, k, v, segments, *, heads: int, length: int, interpret: bool):
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     block = next(size for size in (512, 256, 128) if length % size == 0)
@@ -159,32 +185,31 @@ def _splash_per_device(q, k, v, valid, *, heads: int, length: int, interpret: bo
     kernel = sa.make_splash_mha(causal, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
     to_heads_first = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  [B, H, T, D]
     q, k, v = map(to_heads_first, (q, k, v))
-    if valid is None:
+    if segments is None:
         out = jax.vmap(kernel)(q, k, v)
     else:
-        segments = valid.astype(jnp.int32)
         out = jax.vmap(kernel)(q, k, v, sa.SegmentIds(q=segments, kv=segments))
     return to_heads_first(out)
 
 
-def _per_device(fn, q, k, v, valid):
-    """`fn(q, k, v, valid)` per device under `shard_map` over the enclosing mesh (batch over
-    data/fsdp, heads over tensor when both q and kv heads divide it); plain call outside one."""
+def _per_device(fn, q, k, v, segments):
+    """`fn(q, k, v, segments)` (segments: [B, T] ids or None) per device under `shard_map`
+    over the enclosing mesh (batch over data/fsdp, heads over tensor when both q and kv heads divide it); plain call outside one."""
     current = current_mesh()
     if current is None:
-        return fn(q, k, v, valid)
+        return fn(q, k, v, segments)
     mesh, rules = current
     q_spec = logical_to_spec(("batch", "seq", "q_heads", "head_dim"), mesh, q.shape, rules)
     k_spec = logical_to_spec(("batch", "cache_seq", "kv_heads", "head_dim"), mesh, k.shape, rules)
     if q_spec[2] != k_spec[2]:  # GQA groups must stay together on a device
         q_spec = jax.sharding.PartitionSpec(q_spec[0], q_spec[1], None, q_spec[3])
         k_spec = jax.sharding.PartitionSpec(k_spec[0], k_spec[1], None, k_spec[3])
-    valid_spec = jax.sharding.PartitionSpec(q_spec[0], None)
+    row_spec = jax.sharding.PartitionSpec(q_spec[0], None)
     mapped = jax.shard_map(
-        fn, mesh=mesh, in_specs=(q_spec, k_spec, k_spec, None if valid is None else valid_spec),
+        fn, mesh=mesh, in_specs=(q_spec, k_spec, k_spec, None if segments is None else row_spec),
         out_specs=q_spec, check_vma=False,
     )
-    return mapped(q, k, v, valid)
+    return mapped(q, k, v, segments)
 
 
 # ---- blockwise (flash-style in plain JAX) --------------------------------------------------
@@ -202,8 +227,7 @@ def blockwise(q, k, v, mask: AttentionMask, block: int | None = None) -> jax.Arr
     block = block or next((size for size in (128, 64, 32) if t % size == 0), None)
     if block is None or block >= t:
         return reference(q, k, v, mask)
-    valid = jnp.ones(q.shape[:2], bool) if mask.kv_valid is None else mask.kv_valid
-    return _flash(q, k, v, valid, block)
+    return _flash(q, k, v, mask.segments(*q.shape[:2]), block)
 
 
 def _to_blocks(x, block):
@@ -219,23 +243,25 @@ def _from_blocks(x):
     return x.reshape(x.shape[0], -1, *x.shape[3:])
 
 
-def _block_probs(qi, kj, valid_j, i, j, block, lse=None):
+def _block_probs(qi, kj, seg_i, seg_j, i, j, block, lse=None):
     """Scores (or, with `lse`, probabilities) of query block i against key block j.
 
-    qi [B, K, G, bq, D] (pre-scaled), kj [B, K, bk, D], valid_j [B, bk]. Returns
-    (values [B, K, G, bq, bk] fp32, visible mask)."""
+    qi [B, K, G, bq, D] (pre-scaled), kj [B, K, bk, D], seg_i / seg_j [B, bq] / [B, bk]
+    segment ids (`AttentionMask.segments`). Returns (values [B, K, G, bq, bk] fp32, visible
+    mask)."""
     s = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj, preferred_element_type=jnp.float32)
     rows = i * block + jnp.arange(block)[:, None]
     cols = j * block + jnp.arange(block)[None, :]
-    visible = (cols <= rows)[None, None, None] & valid_j[:, None, None, None, :]
+    same = (seg_i[:, :, None] == seg_j[:, None, :]) & (seg_j[:, None, :] > 0)  # [B, bq, bk]
+    visible = (cols <= rows)[None, None, None] & same[:, None, None]
     if lse is None:
         return jnp.where(visible, s, _MASKED), visible
     return jnp.where(visible, jnp.exp(s - lse[..., None]), 0.0), visible
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q, k, v, valid, block):
-    return _flash_forward(q, k, v, valid, block)[0]
+def _flash(q, k, v, segments, block):
+    return _flash_forward(q, k, v, segments, block)[0]
 
 
 def _grouped_blocks(q, k, v, block):
@@ -247,10 +273,10 @@ def _grouped_blocks(q, k, v, block):
     return qb, _to_blocks(k, block), _to_blocks(v, block)  # k/v: [n, B, K, bk, D]
 
 
-def _flash_forward(q, k, v, valid, block):
+def _flash_forward(q, k, v, segments, block):
     b, t, hq, d = q.shape
     qb, kb, vb = _grouped_blocks(q, k, v, block)
-    validb = jnp.moveaxis(valid.reshape(b, -1, block), 1, 0)  # [n, B, bk]
+    segb = jnp.moveaxis(segments.reshape(b, -1, block), 1, 0)  # [n, B, block]
     n = qb.shape[0]
 
     def query_block(i):
@@ -258,7 +284,7 @@ def _flash_forward(q, k, v, valid, block):
 
         def key_block(j, carry):
             m, l, acc = carry
-            s, visible = _block_probs(qi, kb[j], validb[j], i, j, block)
+            s, visible = _block_probs(qi, kb[j], segb[i], segb[j], i, j, block)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.where(visible, jnp.exp(s - m_new[..., None]), 0.0)
             correction = jnp.exp(m - m_new)
@@ -277,20 +303,20 @@ def _flash_forward(q, k, v, valid, block):
     return out, lse
 
 
-def _flash_fwd(q, k, v, valid, block):
-    out, lse = _flash_forward(q, k, v, valid, block)
-    return out, (q, k, v, valid, out, lse)
+def _flash_fwd(q, k, v, segments, block):
+    out, lse = _flash_forward(q, k, v, segments, block)
+    return out, (q, k, v, segments, out, lse)
 
 
 def _flash_bwd(block, residuals, d_out):
-    q, k, v, valid, out, lse = residuals
+    q, k, v, segments, out, lse = residuals
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     qb, kb, vb = _grouped_blocks(q, k, v, block)
     grouped = lambda x: jnp.swapaxes(_to_blocks(x.reshape(b, t, hkv, hq // hkv, d), block), 3, 4)  # noqa: E731
     dob = grouped(d_out)
     delta = jnp.sum(dob.astype(jnp.float32) * grouped(out).astype(jnp.float32), axis=-1)  # [n, B, K, G, bq]
-    validb = jnp.moveaxis(valid.reshape(b, -1, block), 1, 0)
+    segb = jnp.moveaxis(segments.reshape(b, -1, block), 1, 0)
     n = qb.shape[0]
     scale = d**-0.5
 
@@ -300,7 +326,7 @@ def _flash_bwd(block, residuals, d_out):
 
         def key_block(j, inner):
             dq_i, dk, dv = inner
-            p, _ = _block_probs(qi, kb[j], validb[j], i, j, block, lse_i)
+            p, _ = _block_probs(qi, kb[j], segb[i], segb[j], i, j, block, lse_i)
             dv = dv.at[j].add(jnp.einsum("bkgqs,bkgqd->bksd", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32))
             dp = jnp.einsum("bkgqd,bksd->bkgqs", doi, vb[j], preferred_element_type=jnp.float32)
             ds = (p * (dp - delta_i[..., None])).astype(qi.dtype)
@@ -334,35 +360,30 @@ def native(q, k, v, mask: AttentionMask) -> jax.Array:
         return blockwise(q, k, v, mask)
     if not native_kernels.flash_attention_targets():
         raise RuntimeError("the native CPU attention kernels could not be built (see the warning above); use model.attention=blockwise")
-    if mask.kv_valid is not None:
-        valid = mask.kv_valid
-    elif mask.lengths is not None:  # right padding: the kernels skip queries past a row's last valid key
-        valid = jnp.arange(q.shape[1], dtype=jnp.int32)[None, :] < mask.lengths[:, None]
-    else:
-        valid = jnp.ones(q.shape[:2], bool)
-    return _per_device(lambda q, k, v, valid: _native_flash(q, k, v, valid.astype(jnp.int32)), q, k, v, valid)
+    # Given lengths (right padding), the kernels skip queries past a row's last real token.
+    return _per_device(_native_flash, q, k, v, mask.segments(*q.shape[:2]))
 
 
 @jax.custom_vjp
-def _native_flash(q, k, v, valid):
-    return _native_flash_fwd(q, k, v, valid)[0]
+def _native_flash(q, k, v, segments):
+    return _native_flash_fwd(q, k, v, segments)[0]
 
 
-def _native_flash_fwd(q, k, v, valid):
+def _native_flash_fwd(q, k, v, segments):
     b, t, hq, d = q.shape
     f32 = jnp.float32
     scaled, k32, v32 = q.astype(f32) * f32(d**-0.5), k.astype(f32), v.astype(f32)
     shapes = (jax.ShapeDtypeStruct(q.shape, f32), jax.ShapeDtypeStruct((b, hq, t), f32))
-    out, lse = jax.ffi.ffi_call(native_kernels.FLASH_FORWARD, shapes)(scaled, k32, v32, valid)
-    return out.astype(q.dtype), (scaled, k32, v32, valid, out, lse)
+    out, lse = jax.ffi.ffi_call(native_kernels.FLASH_FORWARD, shapes)(scaled, k32, v32, segments)
+    return out.astype(q.dtype), (scaled, k32, v32, segments, out, lse)
 
 
 def _native_flash_bwd(residuals, d_out):
     # q, k and v share the model's compute dtype, which is d_out's.
-    scaled, k, v, valid, out, lse = residuals
+    scaled, k, v, segments, out, lse = residuals
     f32 = jnp.float32
     shapes = tuple(jax.ShapeDtypeStruct(x.shape, f32) for x in (scaled, k, v))
-    dq, dk, dv = jax.ffi.ffi_call(native_kernels.FLASH_BACKWARD, shapes)(scaled, k, v, valid, out, lse, d_out.astype(f32))
+    dq, dk, dv = jax.ffi.ffi_call(native_kernels.FLASH_BACKWARD, shapes)(scaled, k, v, segments, out, lse, d_out.astype(f32))
     # The kernel differentiates with respect to the scaled queries.
     dq = dq * f32(scaled.shape[-1] ** -0.5)
     return dq.astype(d_out.dtype), dk.astype(d_out.dtype), dv.astype(d_out.dtype), None

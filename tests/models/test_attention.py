@@ -130,6 +130,48 @@ def test_native_skips_each_rows_right_padding():
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def _packed_segments(rng, batch, t, max_len):
+    """[B, T] int32 segment ids of packed rows: runs of 1..max_len tokens numbered 1, 2, ...,
+    then a random amount of trailing padding (0); the last row is padding only."""
+    segments = np.zeros((batch, t), np.int32)
+    for row in range(batch - 1):
+        end, pos, seg = t - int(rng.integers(0, t // 4)), 0, 1
+        while pos < end:
+            n = min(int(rng.integers(1, max_len + 1)), end - pos)
+            segments[row, pos : pos + n] = seg
+            pos, seg = pos + n, seg + 1
+    return segments
+
+
+@pytest.mark.parametrize("case", [(200, 8, 2, 32, 90), (256, 4, 4, 16, 300), (130, 4, 1, 64, 20)], ids=lambda c: f"T{c[0]}_seg{c[4]}")
+@pytest.mark.parametrize("backend", [*SELF_BACKENDS, "reference"])
+def test_packed_rows_equal_each_sequence_alone(backend, case):
+    """Packed rows (`AttentionMask.segment_ids`): each segment's outputs and the gradients of
+    a loss on the real tokens equal those of the segment run alone, unpadded, through the
+    reference (fp32, 1e-5). Segments of 1 token up to longer than a native tile, on and
+    across tile boundaries; padding rows and tokens are only required to be finite."""
+    t, heads, kv_heads, dim, max_len = case
+    q, k, v, rng = _inputs(3, t, t, heads, kv_heads, dim, seed=t + max_len)
+    segments = _packed_segments(rng, 3, t, max_len)
+    real = segments > 0
+    mask = A.AttentionMask(segment_ids=jnp.asarray(segments))
+    kw = {"block": 32} if backend == "blockwise" and t % 32 == 0 else {}
+    fn = lambda q, k, v: _run(backend, q, k, v, mask, **kw)  # noqa: E731
+    weight = jnp.asarray(rng.normal(size=q.shape), jnp.float32) * jnp.asarray(real)[:, :, None, None]
+    out = np.asarray(jax.jit(fn)(q, k, v))
+    grads = [np.asarray(g) for g in jax.jit(lambda q, k, v: _grads(fn, q, k, v, weight))(q, k, v)]
+    assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads)
+    alone = lambda q, k, v: A.reference(q, k, v, A.AttentionMask())  # noqa: E731
+    for row in range(3):
+        for seg in set(segments[row][real[row]]):
+            span = np.flatnonzero(segments[row] == seg)
+            cut = lambda x: x[row : row + 1, span[0] : span[-1] + 1]  # noqa: E731
+            np.testing.assert_allclose(out[row, span], np.asarray(alone(cut(q), cut(k), cut(v)))[0], atol=TOL, rtol=0)
+            want = _grads(alone, cut(q), cut(k), cut(v), cut(weight))
+            for got, w in zip(grads, want):
+                np.testing.assert_allclose(got[row, span], np.asarray(w)[0], atol=TOL, rtol=0)
+
+
 @pytest.mark.parametrize("backend", SELF_BACKENDS)
 def test_bf16_is_within_rounding_of_the_fp32_reference(backend):
     q, k, v, rng = _inputs(2, 128, 128, 4, 2, 32, seed=3)

@@ -6,15 +6,16 @@
 // (`sgs_jax.models.attention.native`) wraps the two calls in a custom VJP. Built and
 // registered by `native/__init__.py`.
 //
-//   forward:  q [B, T, Hq, D], k/v [B, T, Hkv, D], valid [B, T] s32 (1 = real key)
+//   forward:  q [B, T, Hq, D], k/v [B, T, Hkv, D], segments [B, T] s32 (0 = padding)
 //             -> out [B, T, Hq, D], lse [B, Hq, T]      (q pre-scaled by D^-1/2; all f32)
-//   backward: q, k, v, valid, out, lse, d_out -> dq (w.r.t. the scaled q), dk, dv
+//   backward: q, k, v, segments, out, lse, d_out -> dq (w.r.t. the scaled q), dk, dv
 //
 // D must be a multiple of 16 (one 16-float vector per 16 dims; the JAX side checks). Query t
-// sees keys s <= t with valid[s]; a query that sees no key gets output 0 and log-sum-exp
-// -1e30 (and no gradient). A row's queries past its last valid key (right padding, whose
-// outputs the JAX side leaves unspecified) are not computed: they too get output 0 and no
-// gradient, so a right-padded row costs what its real length does, not the padded one.
+// sees keys s <= t of its own segment (segments[s] == segments[t] != 0): one segment per row
+// for unpacked rows, several for packed ones. A query that sees no key (padding) gets output
+// 0 and log-sum-exp -1e30 (and no gradient). Only the tiles where some query sees some key
+// are computed: a row's queries past its last real token (right padding) and, in packed
+// rows, the tiles between two segments cost nothing.
 // Work is split in (batch row, KV head) units over XLA's intra-op thread pool, longest rows
 // first; a unit owns its G = Hq / Hkv query heads, so dk / dv sum over the group without
 // sharing. Inside a unit, rows are copied into zero-padded [T64, D] buffers (T64 = T
@@ -25,6 +26,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -128,53 +131,77 @@ void TileApply(const float* p, const float* b, float* out) {
   }
 }
 
-// Masks scores of the tile at query rows q0.. and keys k0..: causal, key validity, and
-// query rows past the sequence (padding rows). Most tiles need none of it: those below the
-// diagonal, inside the sequence, with every key valid (`valid_tiles[k0 / 64]`) return at once.
-void Mask(float* s, int64_t q0, int64_t k0, int64_t length, const int32_t* valid, const std::vector<char>& valid_tiles) {
-  if (k0 < q0 && q0 + kTile <= length && valid_tiles[k0 / kTile]) return;
+// One row's segment layout in tiles of 64 (positions past the row's end are segment 0).
+struct RowTiles {
+  std::vector<int32_t> segments;  // [T64]
+  std::vector<int32_t> uniform;   // per tile: its segment if all 64 positions share one real segment, else -1
+  std::vector<int64_t> first_key_tile;  // per query tile: the first key tile any of its queries sees
+  std::vector<int64_t> query_end;  // per key tile: one past the last query that sees any of its keys (0: none)
+
+  RowTiles(const int32_t* row, int64_t length, int64_t padded)
+      : segments(padded, 0), uniform(padded / kTile, -1), first_key_tile(padded / kTile, padded / kTile),
+        query_end(padded / kTile, 0) {
+    std::copy(row, row + length, segments.begin());
+    std::unordered_map<int32_t, std::pair<int64_t, int64_t>> span;  // segment -> [first, last] position
+    for (int64_t t = 0; t < padded; ++t) {
+      if (segments[t] == 0) continue;
+      auto [it, fresh] = span.try_emplace(segments[t], t, t);
+      if (!fresh) it->second.second = t;
+    }
+    for (int64_t tile = 0; tile < padded / kTile; ++tile) {
+      const int32_t first = segments[tile * kTile];
+      bool same = first != 0;
+      for (int64_t t = tile * kTile; t < (tile + 1) * kTile; ++t) {
+        same &= segments[t] == first;
+        if (segments[t] == 0) continue;
+        const auto& [begin, end] = span.at(segments[t]);
+        first_key_tile[tile] = std::min(first_key_tile[tile], begin / kTile);
+        query_end[tile] = std::max(query_end[tile], end + 1);
+      }
+      uniform[tile] = same ? first : -1;
+    }
+  }
+};
+
+// Masks scores of the tile at query rows q0.. and keys k0..: causal, and a query sees only
+// keys of its own real segment. Most tiles need none of it: those below the diagonal whose
+// queries and keys all lie in one segment return at once.
+void Mask(float* s, int64_t q0, int64_t k0, const RowTiles& row) {
+  const int32_t keys = row.uniform[k0 / kTile];
+  if (k0 < q0 && keys > 0 && keys == row.uniform[q0 / kTile]) return;
+  const int32_t* seg = row.segments.data();
   for (int64_t r = 0; r < kTile; ++r) {
     float* sr = s + r * kTile;
-    const bool real_row = q0 + r < length;
+    const int32_t query = seg[q0 + r];
     for (int64_t c = 0; c < kTile; ++c) {
-      if (!real_row || k0 + c > q0 + r || !valid[k0 + c]) sr[c] = kMasked;
+      if (query == 0 || k0 + c > q0 + r || seg[k0 + c] != query) sr[c] = kMasked;
     }
   }
 }
 
-// Per key tile: whether all its 64 keys are valid.
-std::vector<char> ValidTiles(const std::vector<int32_t>& valid, int64_t padded) {
-  std::vector<char> tiles(padded / kTile, 1);
-  for (int64_t t = 0; t < padded; ++t) tiles[t / kTile] &= valid[t] != 0;
-  return tiles;
-}
-
 struct Buffers {
   const float *q, *k, *v, *out, *lse, *d_out;
-  const int32_t* valid;
+  const int32_t* segments;
   float *out_w, *lse_w, *dq, *dk, *dv;
 };
 
-// Row b's end: one past its last valid key (0 if it has none). Queries from there on see
-// only keys that every real query is masked from, so they are skipped.
-int64_t RowEnd(const Dims& d, const int32_t* valid, int64_t b) {
+// Row b's end: one past its last real token (0 if it has none). Queries from there on are
+// padding and see nothing, so they are skipped.
+int64_t RowEnd(const Dims& d, const int32_t* segments, int64_t b) {
   for (int64_t t = d.length; t > 0; --t) {
-    if (valid[b * d.length + t - 1]) return t;
+    if (segments[b * d.length + t - 1]) return t;
   }
   return 0;
 }
 
 // A unit's keys and values copied out of the [B, T, Hkv, D] inputs into padded rows, the
-// keys also transposed (and the values, for the backward's dO V^T), with key validity.
+// keys also transposed (and the values, for the backward's dO V^T), with the row's segments.
 struct UnitKeys {
-  std::vector<int32_t> valid;
-  std::vector<char> valid_tiles;
+  RowTiles row;
   std::vector<float> k, kt, v, vt;
 
   UnitKeys(const Dims& d, const Buffers& io, int64_t b, int64_t kh, bool transposed_values)
-      : valid(d.padded, 0), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim) {
-    std::copy(io.valid + b * d.length, io.valid + (b + 1) * d.length, valid.begin());
-    valid_tiles = ValidTiles(valid, d.padded);
+      : row(io.segments + b * d.length, d.length, d.padded), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim) {
     Gather(io.k, d.kv_heads, d, b, kh, k.data());
     Transpose(k.data(), d.padded, d.dim, kt.data());
     Gather(io.v, d.kv_heads, d, b, kh, v.data());
@@ -201,9 +228,9 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_
       std::fill(m.begin(), m.end(), kMasked);
       std::fill(l.begin(), l.end(), 0.0f);
       float* oq = o.data() + q0 * D;
-      for (int64_t k0 = 0; k0 <= q0; k0 += kTile) {
+      for (int64_t k0 = keys.row.first_key_tile[q0 / kTile] * kTile; k0 <= q0; k0 += kTile) {
         TileScores<DV>(q.data() + q0 * D, kt.data(), T64, k0, s.data());
-        Mask(s.data(), q0, k0, T, keys.valid.data(), keys.valid_tiles);
+        Mask(s.data(), q0, k0, keys.row);
         for (int64_t r = 0; r < kTile; ++r) {
           float* sr = s.data() + r * kTile;
           float peak = m[r];
@@ -257,10 +284,12 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64
     }
     std::fill(dq.begin(), dq.end(), 0.0f);
     for (int64_t k0 = 0; k0 < T; k0 += kTile) {
-      for (int64_t q0 = k0; q0 < T; q0 += kTile) {
+      const int64_t q_end = std::min(T, keys.row.query_end[k0 / kTile]);
+      for (int64_t q0 = k0; q0 < q_end; q0 += kTile) {
+        if (keys.row.first_key_tile[q0 / kTile] > k0 / kTile) continue;  // its queries' segments start later
         // P = exp(S - lse), masked entries exactly 0.
         TileScores<DV>(q.data() + q0 * D, kt.data(), T64, k0, p.data());
-        Mask(p.data(), q0, k0, T, keys.valid.data(), keys.valid_tiles);
+        Mask(p.data(), q0, k0, keys.row);
         for (int64_t r = 0; r < kTile; ++r) {
           float* pr = p.data() + r * kTile;
           const float row_lse = lse[q0 + r];  // padding rows read 0 and are masked
@@ -294,7 +323,7 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64
 template <typename Forward>
 ffi::Error RunUnits(ffi::ThreadPool& pool, const Dims& d, const Buffers& io, Forward) {
   std::vector<int64_t> ends(d.batch), order(d.batch * d.kv_heads);
-  for (int64_t b = 0; b < d.batch; ++b) ends[b] = RowEnd(d, io.valid, b);
+  for (int64_t b = 0; b < d.batch; ++b) ends[b] = RowEnd(d, io.segments, b);
   for (int64_t unit = 0; unit < d.batch * d.kv_heads; ++unit) order[unit] = unit;
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return ends[x / d.kv_heads] > ends[y / d.kv_heads]; });
@@ -327,40 +356,40 @@ struct BackwardKind {
   static void Unit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_t end) { BackwardUnit<DV>(d, io, b, kh, end); }
 };
 
-ffi::Error DimsOf(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::S32>& valid, Dims* d) {
+ffi::Error DimsOf(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::S32>& segments, Dims* d) {
   auto qd = q.dimensions();
   auto kd = k.dimensions();
-  auto vd = valid.dimensions();
+  auto vd = segments.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 2 || kd[0] != qd[0] || kd[1] != qd[1] || kd[3] != qd[3] ||
       qd[2] % kd[2] != 0 || vd[0] != qd[0] || vd[1] != qd[1] || qd[3] % 16 != 0 || qd[3] > 128) {
     return ffi::Error::InvalidArgument(
-        "flash attention: expected q [B, T, Hq, D], k/v [B, T, Hkv, D], valid [B, T], D a multiple of 16 up to 128");
+        "flash attention: expected q [B, T, Hq, D], k/v [B, T, Hkv, D], segments [B, T], D a multiple of 16 up to 128");
   }
   *d = Dims{qd[0], qd[1], qd[2], kd[2], qd[3], (qd[1] + kTile - 1) / kTile * kTile};
   return ffi::Error::Success();
 }
 
 ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                       ffi::Buffer<ffi::S32> valid, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
+                       ffi::Buffer<ffi::S32> segments, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
   Dims d;
-  if (auto error = DimsOf(q, k, valid, &d); error.failure()) return error;
-  Buffers io{q.typed_data(), k.typed_data(), v.typed_data(), nullptr, nullptr, nullptr, valid.typed_data(),
+  if (auto error = DimsOf(q, k, segments, &d); error.failure()) return error;
+  Buffers io{q.typed_data(), k.typed_data(), v.typed_data(), nullptr, nullptr, nullptr, segments.typed_data(),
              out->typed_data(), lse->typed_data(), nullptr, nullptr, nullptr};
   return RunUnits(pool, d, io, ForwardKind{});
 }
 
 ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                        ffi::Buffer<ffi::S32> valid, ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
+                        ffi::Buffer<ffi::S32> segments, ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
                         ffi::Buffer<ffi::F32> d_out, ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
                         ffi::ResultBuffer<ffi::F32> dv) {
   Dims d;
-  if (auto error = DimsOf(q, k, valid, &d); error.failure()) return error;
+  if (auto error = DimsOf(q, k, segments, &d); error.failure()) return error;
   Buffers io{q.typed_data(), k.typed_data(), v.typed_data(), out.typed_data(), lse.typed_data(), d_out.typed_data(),
-             valid.typed_data(), nullptr, nullptr, dq->typed_data(), dk->typed_data(), dv->typed_data()};
+             segments.typed_data(), nullptr, nullptr, dq->typed_data(), dk->typed_data(), dv->typed_data()};
   return RunUnits(pool, d, io, BackwardKind{});
 }
 
-// The operands both calls start with: the thread pool, q (scaled), k, v, valid.
+// The operands both calls start with: the thread pool, q (scaled), k, v, segments.
 auto BindInputs() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::ThreadPool>()

@@ -336,7 +336,7 @@ class Llama(nnx.Module):
 
     # ---- full forward -------------------------------------------------------------------
     def hidden_states(self, input_ids, attention_mask=None, positions=None, *, right_padded: bool = False,
-                      layer_grad_acc=None) -> jax.Array:
+                      segment_ids=None, layer_grad_acc=None) -> jax.Array:
         """Final-normed hidden states [B, T, E] of a causal pass over `input_ids` [B, T].
 
         attention_mask [B, T] (1/True = real token) masks padding keys, left or right;
@@ -346,6 +346,11 @@ class Llama(nnx.Module):
         token's attention, so no padding mask is applied (fused kernels run unmasked; the
         native CPU kernels skip each row's padding) and only padding positions' outputs
         change.
+        segment_ids [B, T] int32 (packed rows, `rl.batching.pack_micro_batches`): several
+        sequences side by side in a row, numbered 1, 2, ... (0 = padding); a token attends
+        only to earlier tokens of its own sequence, and positions default to the count of
+        tokens before it in its sequence (`segment_positions`). attention_mask and
+        right_padded are then not read.
 
         The layers run as one `lax.scan`; `config.remat_policy` rematerialises its body
         (this is the training entry point; the cached path never remats).
@@ -362,12 +367,15 @@ class Llama(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), bool)
         attention_mask = attention_mask.astype(bool)
-        if positions is None:
-            positions = default_positions(attention_mask)
-        if right_padded:
+        if segment_ids is not None:
+            positions = segment_positions(segment_ids) if positions is None else positions
+            mask = AttentionMask(segment_ids=segment_ids.astype(jnp.int32))
+        elif right_padded:
             mask = AttentionMask(lengths=attention_mask.sum(axis=1, dtype=jnp.int32))
         else:
             mask = AttentionMask(kv_valid=attention_mask)
+        if positions is None:
+            positions = default_positions(attention_mask)
         cos, sin = rope_cos_sin(self.config, positions)
         graphdef, layer_params = nnx.split(self.layers)
 
@@ -449,6 +457,16 @@ class Llama(nnx.Module):
         layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
         (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layer_ids, fused))
         return x, kv
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """[B, T] int32 position of each token of packed rows ([B, T] segment ids, each segment
+    one contiguous run): the count of tokens before it in its segment."""
+    t = segment_ids.shape[1]
+    index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids.shape)
+    previous = jnp.pad(segment_ids[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+    starts = jax.lax.cummax(jnp.where(segment_ids != previous, index, 0), axis=1)
+    return index - starts
 
 
 def default_positions(attention_mask: jax.Array) -> jax.Array:

@@ -7,6 +7,11 @@ length, `micro_batch_size` rows each, padded on the right to the smallest length
 that holds their longest row, so padding stays small and only a few shapes compile.
 A short last micro-batch is filled with empty rows (all-zero mask, weight 0).
 
+Packed (`pack_micro_batches`, `TrainConfig.pack_length`): a row holds several sequences
+side by side, told apart by segment ids, so the matmuls run on real tokens instead of
+padding: sequences are spread over as few micro-batches as fit, their rows balanced, and
+each micro-batch is padded to the bucket of its fullest row.
+
 The per-sequence normaliser (`scale`) is computed once over the whole optimiser batch
 (`sgs_jax.rl.objectives.sequence_scale`) and carried by each row, so the micro-batch
 losses sum exactly to the loss of the whole batch (method.md §4 step 9).
@@ -15,6 +20,7 @@ losses sum exactly to the loss of the whole batch (method.md §4 step 9).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import random
 from typing import Sequence
 
@@ -80,7 +86,10 @@ class MicroBatch:
 
     input_ids, targets: [B, T] int32; attention_mask: [B, T] bool (real input tokens);
     loss_mask: [B, T] float32 (1 where the target is a completion token);
-    old_logprobs: [B, T] float32 (0 where not given); weights, scale: [B] float32.
+    old_logprobs: [B, T] float32 (0 where not given); weights, scale: [B] float32, one
+    per row's sequence. Packed rows: segment_ids [B, T] int32 (the row's sequences
+    numbered 1, 2, ..., 0 = padding), and weights, scale [B, T], each token carrying its
+    sequence's value; unpacked rows: segment_ids None.
     """
 
     input_ids: np.ndarray
@@ -90,6 +99,7 @@ class MicroBatch:
     old_logprobs: np.ndarray
     weights: np.ndarray
     scale: np.ndarray
+    segment_ids: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -155,17 +165,36 @@ def group_batches(
     return batches, per_batch
 
 
-def _fill_row(batch: dict[str, np.ndarray], row: int, example: SequenceExample, scale: float) -> None:
+def _fill_row(batch: dict[str, np.ndarray], row: int, example: SequenceExample, scale: float, start: int = 0) -> None:
+    """Writes `example` into `row` of `batch` at token `start` (0 unless packed)."""
     seq = np.concatenate([example.prompt_ids, example.completion_ids])
     n, p = example.num_inputs, len(example.prompt_ids)
-    batch["input_ids"][row, :n] = seq[:-1]
-    batch["attention_mask"][row, :n] = True
-    batch["targets"][row, :n] = seq[1:]
-    batch["loss_mask"][row, p - 1 : n] = 1.0  # target index p-1 is the first completion token
+    tokens = slice(start, start + n)
+    batch["input_ids"][row, tokens] = seq[:-1]
+    batch["attention_mask"][row, tokens] = True
+    batch["targets"][row, tokens] = seq[1:]
+    batch["loss_mask"][row, start + p - 1 : start + n] = 1.0  # target index p-1 is the first completion token
     if example.old_logprobs is not None:
-        batch["old_logprobs"][row, p - 1 : n] = example.old_logprobs
-    batch["weights"][row] = example.weight
-    batch["scale"][row] = scale
+        batch["old_logprobs"][row, start + p - 1 : start + n] = example.old_logprobs
+    per_token = batch["weights"].ndim == 2
+    batch["weights"][row, tokens if per_token else ...] = example.weight
+    batch["scale"][row, tokens if per_token else ...] = scale
+
+
+def _empty_arrays(rows: int, length: int, pad_id: int, packed: bool) -> dict[str, np.ndarray]:
+    shape = (rows, length)
+    arrays = {
+        "input_ids": np.full(shape, pad_id, np.int32),
+        "attention_mask": np.zeros(shape, bool),
+        "targets": np.full(shape, pad_id, np.int32),
+        "loss_mask": np.zeros(shape, np.float32),
+        "old_logprobs": np.zeros(shape, np.float32),
+        "weights": np.zeros(shape if packed else rows, np.float32),
+        "scale": np.zeros(shape if packed else rows, np.float32),
+    }
+    if packed:
+        arrays["segment_ids"] = np.zeros(shape, np.int32)
+    return arrays
 
 
 def make_micro_batches(
@@ -189,18 +218,64 @@ def make_micro_batches(
     for start in range(0, len(order), micro_batch_size):
         rows = order[start : start + micro_batch_size]
         length = bucket_for(examples[rows[0]].num_inputs, buckets)
-        shape = (micro_batch_size, length)
-        arrays = {
-            "input_ids": np.full(shape, pad_id, np.int32),
-            "attention_mask": np.zeros(shape, bool),
-            "targets": np.full(shape, pad_id, np.int32),
-            "loss_mask": np.zeros(shape, np.float32),
-            "old_logprobs": np.zeros(shape, np.float32),
-            "weights": np.zeros(micro_batch_size, np.float32),
-            "scale": np.zeros(micro_batch_size, np.float32),
-        }
+        arrays = _empty_arrays(micro_batch_size, length, pad_id, packed=False)
         for row, index in enumerate(rows):
             _fill_row(arrays, row, examples[index], float(scale[index]))
+        batches.append(MicroBatch(**arrays))
+    return batches
+
+
+def pack_micro_batches(
+    examples: Sequence[SequenceExample],
+    scale: np.ndarray,
+    rows: int,
+    buckets: Sequence[int],
+    pad_id: int = 0,
+) -> list[MicroBatch]:
+    """Packed micro-batches of `rows` rows, each row holding whole sequences side by side
+    (segment ids 1, 2, ...) in at most max(buckets) tokens.
+
+    The sequences, longest first, each go to the least-filled row of the fewest
+    micro-batches that can hold them all (starting from total tokens / micro-batch
+    capacity, one more whenever a sequence fits no row), so the rows end up about equally
+    full; each micro-batch is padded to the bucket of its fullest row. Deterministic;
+    empty rows (all padding) only when there are fewer sequences than rows.
+    examples: one optimiser batch; scale: [len(examples)] from `batch_scale`.
+    Raises ValueError when a sequence is longer than the largest bucket.
+    """
+    if rows <= 0:
+        raise ValueError(f"rows must be positive, got {rows}")
+    if len(scale) != len(examples):
+        raise ValueError(f"{len(scale)} scale entries for {len(examples)} examples")
+    capacity = max(buckets)
+    lengths = [e.num_inputs for e in examples]
+    for n in lengths:
+        bucket_for(n, buckets)  # raises for a sequence longer than every bucket
+    order = sorted(range(len(examples)), key=lambda i: -lengths[i])
+    micro = max(1, -(-sum(lengths) // (rows * capacity)))
+    while True:
+        members: list[list[int]] = [[] for _ in range(micro * rows)]
+        loads = [(0, r) for r in range(micro * rows)]  # a heap of (tokens, row)
+        for i in order:
+            load, r = heapq.heappop(loads)
+            if load + lengths[i] > capacity:
+                break
+            members[r].append(i)
+            heapq.heappush(loads, (load + lengths[i], r))
+        else:
+            break
+        micro += 1
+    batches = []
+    for first in range(0, micro * rows, rows):
+        group = members[first : first + rows]
+        length = bucket_for(max(sum(lengths[i] for i in m) for m in group), buckets)
+        arrays = _empty_arrays(rows, length, pad_id, packed=True)
+        for row, sequences in enumerate(group):
+            start = 0
+            for segment, i in enumerate(sequences, start=1):
+                _fill_row(arrays, row, examples[i], float(scale[i]), start)
+                arrays["segment_ids"][row, start : start + lengths[i]] = segment
+                start += lengths[i]
         batches.append(MicroBatch(**arrays))
     return batches
 

@@ -51,15 +51,17 @@ def _target_logprobs(logits_fn, hidden, targets):
 
 def token_logprobs(
     model, input_ids: jax.Array, attention_mask: jax.Array, targets: jax.Array, chunk_size: int = 1024,
-    right_padded: bool = False, layer_grad_acc=None,
+    right_padded: bool = False, segment_ids: jax.Array | None = None, layer_grad_acc=None,
 ) -> jax.Array:
     """[B, T] float32 log p(targets[b, t] | input_ids[b, :t+1]) under `model` (a `Llama`).
 
     input_ids, targets: [B, T] int; attention_mask: [B, T] (real input tokens). Values at
     padding positions are meaningless; mask them in the loss. right_padded: every row's
     real tokens come first (as `MicroBatch` rows do), so attention needs no padding mask
-    (see `Llama.hidden_states`, as for `layer_grad_acc`: the Trainer's in-place gradient
-    accumulation).
+    (see `Llama.hidden_states`, as for `segment_ids`: packed rows, and `layer_grad_acc`:
+    the Trainer's in-place gradient accumulation).
     """
-    hidden = model.hidden_states(input_ids, attention_mask, right_padded=right_padded, layer_grad_acc=layer_grad_acc)
+    hidden = model.hidden_states(
+        input_ids, attention_mask, right_padded=right_padded, segment_ids=segment_ids, layer_grad_acc=layer_grad_acc
+    )
     return chunked_target_logprobs(model.logits_from_hidden, hidden, targets, chunk_size)

@@ -16,6 +16,13 @@ Normalisations (the factor each sequence's token sum is multiplied by):
   non-empty groups present.
 With micro-batching, compute `sequence_scale` once on the whole optimiser batch and pass
 each micro-batch its slice as `scale`: the micro-batch losses then sum to the full loss.
+
+Packed rows (`sgs_jax.rl.batching.pack_micro_batches`: several sequences side by side in a
+row) pass `segment_ids` [batch, tokens] (sequences numbered 1, 2, ... within a row, 0 for
+padding) and the per-sequence factors per token: `weights` and `scale` [batch, tokens],
+each token carrying its sequence's value; `scale` must then be given. Each sequence's
+masked tokens must form one run (its completion), which is how the sequence metrics tell
+sequences apart. The loss is the same sum, taken token by token.
 """
 
 from __future__ import annotations
@@ -68,13 +75,38 @@ def sequence_scale(
     return 1.0 / (xp.maximum(group_tokens, 1.0) * xp.maximum(num_groups, 1.0))
 
 
-def _prepare(logprobs, mask, per_sequence, normalization, group_ids, scale):
+def _prepare(logprobs, mask, per_sequence, normalization, group_ids, scale, segment_ids):
     dtype = jnp.promote_types(logprobs.dtype, jnp.float32)
     valid = mask > 0
     lp = jnp.where(valid, logprobs.astype(dtype), 0.0)
     if scale is None:
+        if segment_ids is not None:
+            raise ValueError("packed rows (segment_ids) need the per-token scale of the whole batch")
         scale = sequence_scale(mask, normalization, group_ids, dtype)
-    return lp, valid, valid.astype(dtype), jnp.asarray(per_sequence, dtype), jnp.asarray(scale, dtype)
+    factors = jnp.asarray(per_sequence, dtype), jnp.asarray(scale, dtype)
+    expected = logprobs.shape if segment_ids is not None else logprobs.shape[:1]
+    if any(f.shape != expected for f in factors):
+        raise ValueError(f"weights and scale must be shaped {expected} (packed rows: per token), got {[f.shape for f in factors]}")
+    return lp, valid, valid.astype(dtype), *factors
+
+
+def _weighted_total(coefficient, per_token):
+    """sum_i coefficient_i * sum_t per_token_it, with the coefficient per sequence [batch]
+    or per token [batch, tokens] (packed rows)."""
+    if coefficient.ndim == 1:
+        return jnp.sum(coefficient * jnp.sum(per_token, axis=-1))
+    return jnp.sum(coefficient * per_token)
+
+
+def _sequences(valid, weights, segment_ids):
+    """(number of non-empty sequences, sum of their weights). Packed rows: a sequence is
+    counted at the first token of its run of masked tokens."""
+    if segment_ids is None:
+        nonempty = jnp.any(valid, axis=-1).astype(weights.dtype)
+    else:
+        before = lambda x, fill: jnp.pad(x[:, :-1], ((0, 0), (1, 0)), constant_values=fill)  # noqa: E731
+        nonempty = (valid & (~before(valid, False) | (segment_ids != before(segment_ids, -1)))).astype(weights.dtype)
+    return jnp.sum(nonempty), jnp.sum(weights * nonempty)
 
 
 def reinforce_half_loss(
@@ -84,27 +116,26 @@ def reinforce_half_loss(
     normalization: str = "batch_tokens",
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """REINFORCE½ (method.md §5): the weighted NLL of generated tokens,
     -sum_i scale_i * w_i * sum_t mask_it * logprobs_it. Also the Conjecturer's loss.
 
     logprobs, mask: [batch, tokens]; weights: [batch] (from
     `sgs_jax.sgs.rewards`: 1, 0 for `try`, the length penalty, or the Conjecturer
-    reward); scale: optional [batch] override of `sequence_scale`. Metrics:
-    token_count, sequence_count, mean_weight (over non-empty sequences),
-    nll_per_token (unweighted, nats).
+    reward); scale: optional [batch] override of `sequence_scale`; packed rows: see the
+    module docstring. Metrics: token_count, sequence_count, mean_weight (over non-empty
+    sequences), nll_per_token (unweighted, nats).
     """
-    lp, valid, m, w, scale = _prepare(logprobs, mask, weights, normalization, group_ids, scale)
-    token_sums = jnp.sum(lp, axis=-1)  # [batch]; masked entries are already 0
-    loss = -jnp.sum(scale * w * token_sums)
+    lp, valid, m, w, scale = _prepare(logprobs, mask, weights, normalization, group_ids, scale, segment_ids)
+    loss = -_weighted_total(scale * w, lp)  # masked entries of lp are already 0
     tokens = jnp.sum(m)
-    nonempty = jnp.any(valid, axis=-1).astype(m.dtype)
-    sequences = jnp.sum(nonempty)
+    sequences, weight_sum = _sequences(valid, w, segment_ids)
     metrics = {
         "token_count": tokens,
         "sequence_count": sequences,
-        "mean_weight": jnp.sum(w * nonempty) / jnp.maximum(sequences, 1.0),
-        "nll_per_token": -jnp.sum(token_sums) / jnp.maximum(tokens, 1.0),
+        "mean_weight": weight_sum / jnp.maximum(sequences, 1.0),
+        "nll_per_token": -jnp.sum(lp) / jnp.maximum(tokens, 1.0),
     }
     return loss, jax.lax.stop_gradient(metrics)
 
@@ -116,12 +147,14 @@ def expert_iteration_loss(
     normalization: str = "batch_tokens",
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Expert Iteration (method.md §5): NLL of buffered correct proofs, weight 1 unless
     `weights` [batch] says otherwise. Shapes and metrics as `reinforce_half_loss`."""
     if weights is None:
-        weights = jnp.ones(logprobs.shape[:1], jnp.promote_types(logprobs.dtype, jnp.float32))
-    return reinforce_half_loss(logprobs, mask, weights, normalization, group_ids, scale)
+        shape = logprobs.shape if segment_ids is not None else logprobs.shape[:1]
+        weights = jnp.ones(shape, jnp.promote_types(logprobs.dtype, jnp.float32))
+    return reinforce_half_loss(logprobs, mask, weights, normalization, group_ids, scale, segment_ids)
 
 
 def cispo_loss(
@@ -134,20 +167,21 @@ def cispo_loss(
     normalization: str = "batch_tokens",
     group_ids: jax.Array | None = None,
     scale: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """CISPO (method.md §5): -sum_i scale_i * A_i * sum_t mask * sg(w_it) * logprobs_it,
     w = clip(exp(logprobs - old_logprobs), 1 - eps_low, 1 + eps_high).
 
-    logprobs, old_logprobs (the sampler's), mask: [batch, tokens]; advantages: [batch].
-    Metrics (over masked tokens): clip_fraction_low / _high (ratio below / above the
+    logprobs, old_logprobs (the sampler's), mask: [batch, tokens]; advantages: [batch];
+    packed rows: see the module docstring. Metrics (over masked tokens): clip_fraction_low / _high (ratio below / above the
     range), clip_fraction (both), mean_importance_weight (clipped w), mean_ratio
     (unclipped), token_count.
     """
-    lp, valid, m, adv, scale = _prepare(logprobs, mask, advantages, normalization, group_ids, scale)
+    lp, valid, m, adv, scale = _prepare(logprobs, mask, advantages, normalization, group_ids, scale, segment_ids)
     old = jnp.where(valid, old_logprobs.astype(lp.dtype), 0.0)
     ratio = jax.lax.stop_gradient(jnp.exp(lp - old))  # 1 at masked positions
     weight = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    loss = -jnp.sum(scale * adv * jnp.sum(weight * lp, axis=-1))
+    loss = -_weighted_total(scale * adv, weight * lp)
     tokens = jnp.sum(m)
     per_token = lambda x: jnp.sum(x * m) / jnp.maximum(tokens, 1.0)  # noqa: E731
     low = (ratio < 1.0 - eps_low).astype(m.dtype)

@@ -48,6 +48,7 @@ from sgs_jax.rl.batching import (
     group_batches,
     length_buckets,
     make_micro_batches,
+    pack_micro_batches,
     padding_fraction,
 )
 from sgs_jax.rl.logprobs import token_logprobs
@@ -77,13 +78,20 @@ class TrainConfig:
     objective: one of OBJECTIVES ("sft" = NLL with weight 1 on every sequence).
     normalization: "batch_tokens" (official code, default), "sequence" (paper Eq. 4) or
     "group_tokens" (official CISPO); computed over the whole optimiser batch.
-    batch_size / micro_batch_size: sequences per optimiser step / per forward-backward.
+    batch_size / micro_batch_size: sequences per optimiser step / rows per forward-backward
+    (one sequence per row unless packed).
     max_seq_len: longest model input (prompt + completion - 1) accepted.
+    pack_length: 0 = one sequence per row, padded to a length bucket; > 0 = packed rows
+    of up to pack_length tokens (>= max_seq_len), several sequences side by side, so
+    little of a micro-batch is padding (`rl.batching.pack_micro_batches`; the attention
+    backend must be reference, blockwise, native, splash or, through a dense mask, xla
+    or cudnn).
     min_bucket: shortest length bucket. logits_chunk: positions per vocabulary chunk.
     reset_optimizer: `train_epoch` starts from a fresh Adam state (method.md §4 step 9).
 
-    normalization, batch_size, max_seq_len, min_bucket and reset_optimizer only steer the
-    host (batching, bucket choice); the compiled programs depend on the rest
+    normalization, batch_size, max_seq_len, min_bucket, reset_optimizer and pack_length
+    (beyond whether it is 0) only steer the host (batching, bucket choice); the compiled
+    programs depend on the rest
     (`program_config`), so roles that differ only there share their programs.
     """
 
@@ -92,6 +100,7 @@ class TrainConfig:
     batch_size: int = 32
     micro_batch_size: int = 4
     max_seq_len: int = 8192
+    pack_length: int = 0
     min_bucket: int = 64
     logits_chunk: int = 1024
     cispo_eps_low: float = 1.0
@@ -107,17 +116,26 @@ class TrainConfig:
         for name in ("batch_size", "micro_batch_size", "max_seq_len", "min_bucket", "logits_chunk"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.pack_length and self.pack_length < self.max_seq_len:
+            raise ValueError(f"pack_length must be 0 (no packing) or >= max_seq_len ({self.max_seq_len}), got {self.pack_length}")
+
+    @property
+    def packed(self) -> bool:
+        return self.pack_length > 0
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        """Micro-batch lengths (two per octave from min_bucket to max_seq_len): the shapes
-        the accumulate program compiles for."""
-        return length_buckets(self.max_seq_len, min(self.min_bucket, self.max_seq_len))
+        """Micro-batch lengths (two per octave from min_bucket to max_seq_len, or to
+        pack_length when packed): the shapes the accumulate program compiles for."""
+        longest = self.pack_length or self.max_seq_len
+        return length_buckets(longest, min(self.min_bucket, longest))
 
     def program_config(self) -> "TrainConfig":
         """This config with its host-only fields at their defaults: the key of the compiled
         programs (a program never reads those fields)."""
         host = {f: TrainConfig.__dataclass_fields__[f].default for f in _HOST_FIELDS}
+        # Whether rows are packed changes the programs; how long they may be does not.
+        host["pack_length"] = host["max_seq_len"] if self.packed else 0
         return dataclasses.replace(self, **host)
 
 
@@ -128,20 +146,21 @@ def micro_batch_loss(model, batch: MicroBatch, config: TrainConfig, layer_grad_a
     """The objective's loss on one micro-batch (its share of the whole batch's loss, as
     `batch.scale` holds the batch-wide normaliser) and its metrics. `layer_grad_acc`: see
     `Llama.hidden_states` (differentiated, the layers' gradient comes back added to it)."""
-    # Micro-batch rows are right-padded (rl.batching), so causal attention alone hides padding.
+    # Micro-batch rows are right-padded (rl.batching), so causal attention alone hides padding;
+    # packed rows carry segment ids instead.
     logprobs = token_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.targets, config.logits_chunk, right_padded=True,
-        layer_grad_acc=layer_grad_acc,
+        segment_ids=batch.segment_ids, layer_grad_acc=layer_grad_acc,
     )
-    mask, scale = batch.loss_mask, batch.scale
+    mask, shared = batch.loss_mask, {"scale": batch.scale, "segment_ids": batch.segment_ids}
     if config.objective == "cispo":
         return objectives.cispo_loss(
-            logprobs, batch.old_logprobs, mask, batch.weights, config.cispo_eps_low, config.cispo_eps_high, scale=scale
+            logprobs, batch.old_logprobs, mask, batch.weights, config.cispo_eps_low, config.cispo_eps_high, **shared
         )
     if config.objective == "reinforce_half":
-        return objectives.reinforce_half_loss(logprobs, mask, batch.weights, scale=scale)
+        return objectives.reinforce_half_loss(logprobs, mask, batch.weights, **shared)
     weights = None if config.objective == "sft" else batch.weights
-    return objectives.expert_iteration_loss(logprobs, mask, weights, scale=scale)
+    return objectives.expert_iteration_loss(logprobs, mask, weights, **shared)
 
 
 def _metric_sums(loss, metrics) -> dict[str, jax.Array]:
@@ -230,16 +249,25 @@ class TrainPrograms:
     def _micro_batch_shardings(self) -> MicroBatch:
         b = self.config.micro_batch_size
         rows = NamedSharding(self.mesh, batch_spec(("batch", "seq"), self.mesh, (b, 1), "micro_batch_size"))
+        if self.config.packed:
+            return MicroBatch(rows, rows, rows, rows, rows, rows, rows, rows)
         vec = NamedSharding(self.mesh, batch_spec(("batch",), self.mesh, (b,), "micro_batch_size"))
         return MicroBatch(rows, rows, rows, rows, rows, vec, vec)
 
     def abstract_micro_batch(self, length: int, shardings: bool = True) -> MicroBatch:
         """Shape structs of one [micro_batch_size, length] micro-batch (the layout
-        `rl.batching.make_micro_batches` fills), with their shardings unless asked not to."""
+        `rl.batching.make_micro_batches` or, packed, `pack_micro_batches` fills), with
+        their shardings unless asked not to."""
         b = self.config.micro_batch_size
         rows = lambda dtype: jax.ShapeDtypeStruct((b, length), dtype)  # noqa: E731
-        vec = jax.ShapeDtypeStruct((b,), jnp.float32)
-        batch = MicroBatch(rows(jnp.int32), rows(bool), rows(jnp.int32), rows(jnp.float32), rows(jnp.float32), vec, vec)
+        if self.config.packed:
+            per_token = rows(jnp.float32)
+            segments = rows(jnp.int32)
+        else:
+            per_token, segments = jax.ShapeDtypeStruct((b,), jnp.float32), None
+        batch = MicroBatch(
+            rows(jnp.int32), rows(bool), rows(jnp.int32), rows(jnp.float32), rows(jnp.float32), per_token, per_token, segments
+        )
         return _with_shardings(batch, self.batch_shardings) if shardings else batch
 
     def _loss(self, params, batch: MicroBatch, layer_grad_acc=None):
@@ -372,6 +400,8 @@ class Trainer:
         if self.config.normalization != "group_tokens":
             num_groups = None  # only the group normaliser divides by a group count
         scale = batch_scale(examples, self.config.normalization, num_groups)
+        if self.config.packed:
+            return pack_micro_batches(examples, scale, self.config.micro_batch_size, self.config.buckets, self._pad_id())
         return make_micro_batches(examples, scale, self.config.micro_batch_size, self.config.buckets, self._pad_id())
 
     def _pad_id(self) -> int:

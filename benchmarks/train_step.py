@@ -9,11 +9,13 @@ micro-batches to the Trainer's length buckets, PyTorch to each micro-batch's lon
 Both are warmed up the same way (two full optimiser steps on the whole batch: compilation
 for us, allocator and kernel caches for PyTorch), then timed alternately, `--repeats`
 times `--steps` steps each, and the best of each side is reported. Tokens/s counts real
-(unpadded) model input tokens per optimiser step. Ours runs three times, timed alternately
+(unpadded) model input tokens per optimiser step. Ours runs four times, timed alternately
 with the rest: the defaults (`remat_policy="none"`, `attention="auto"`: the native CPU
-attention kernels where they build; the headline ratio), `remat_policy="dots"`, and
-`attention="blockwise"` (the plain-JAX attention the native kernels replace): settings a
-CPU run can choose.
+attention kernels where they build; the headline ratio), `remat_policy="dots"`,
+`attention="blockwise"` (the plain-JAX attention the native kernels replace), and packed
+rows (`pack_length`: micro-batches of PACKED_ROWS rows of up to `--micro` / PACKED_ROWS x
+the longest sequence, several sequences side by side: the token budget, and the logits
+chunk's size, of a micro-batch of `--micro` full-length rows): settings a run can choose.
 
     python benchmarks/train_step.py [--seq 256 1024] [--steps 3] [--repeats 3] [--batch 8] [--micro 4]
 """
@@ -57,13 +59,25 @@ def model_config(seq: int):
                 num_kv_heads=4, head_dim=32, max_position_embeddings=seq * 2)
 
 
-def train_config(seq: int, batch: int, micro: int) -> TrainConfig:
-    """Our side's training config: `batch` sequences per optimiser step, `micro` per micro-batch."""
-    return TrainConfig(batch_size=batch, micro_batch_size=micro, max_seq_len=seq, optimizer=OptimizerConfig(learning_rate=1e-5))
+# Rows per packed micro-batch. One row of the whole budget ran 4-7% slower than two on this
+# 2-core host (XLA:CPU spreads [1, T] activations over its threads less well).
+PACKED_ROWS = 2
 
 
-# Our step's variants: (remat_policy, attention) per side; "default" is the headline ratio.
-VARIANTS = {"default": ("none", "auto"), "dots": ("dots", "auto"), "blockwise": ("none", "blockwise")}
+def train_config(seq: int, batch: int, micro: int, packed: bool = False) -> TrainConfig:
+    """Our side's training config: `batch` sequences per optimiser step, `micro` per
+    micro-batch; packed: micro-batches of PACKED_ROWS rows holding micro x seq tokens."""
+    optimizer = OptimizerConfig(learning_rate=1e-5)
+    if packed:
+        rows = min(PACKED_ROWS, micro)
+        return TrainConfig(batch_size=batch, micro_batch_size=rows, max_seq_len=seq, pack_length=micro * seq // rows,
+                           logits_chunk=TrainConfig.logits_chunk * micro // rows, optimizer=optimizer)
+    return TrainConfig(batch_size=batch, micro_batch_size=micro, max_seq_len=seq, optimizer=optimizer)
+
+
+# Our step's variants: (remat_policy, attention, packed) per side; "default" is the headline ratio.
+VARIANTS = {"default": ("none", "auto", False), "dots": ("dots", "auto", False), "blockwise": ("none", "blockwise", False),
+            "packed": ("none", "auto", True)}
 
 
 def _jax_step(trainer: Trainer, examples) -> None:
@@ -93,6 +107,12 @@ def torch_step(model, opt, examples, micro: int) -> None:
     opt.step()
 
 
+def torch_slots(examples, micro: int) -> int:
+    """Token slots (padding included) of the reference's micro-batches: each padded to its longest row."""
+    return sum(len(examples[s : s + micro]) * max(e.num_inputs + 1 for e in examples[s : s + micro])
+               for s in range(0, len(examples), micro))
+
+
 def model_flops(config, examples) -> float:
     """Model FLOPs of one optimiser step over `examples` (real tokens only, no padding):
     6 x matmul parameters (the layers' projections and the LM head) per token, plus causal
@@ -115,8 +135,8 @@ def run(seq: int, args) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(create_model(config, seed=0), tmp)
         # Ours three times, the same weights under each variant (VARIANTS).
-        trainers = {name: Trainer(load_hf(tmp, remat_policy=remat, attention=attention), train_config(seq, args.batch, args.micro))
-                    for name, (remat, attention) in VARIANTS.items()}
+        trainers = {name: Trainer(load_hf(tmp, remat_policy=remat, attention=attention), train_config(seq, args.batch, args.micro, packed))
+                    for name, (remat, attention, packed) in VARIANTS.items()}
         theirs = transformers.LlamaForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=torch.float32)
     opt = torch.optim.Adam(theirs.parameters(), lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     sides = {name: functools.partial(_jax_step, trainer, examples) for name, trainer in trainers.items()}
@@ -124,18 +144,21 @@ def run(seq: int, args) -> tuple[float, float]:
 
     # Two warm-up steps on the full batch, all sides alike; then alternated timings.
     best = alternated_best(sides, args.repeats, calls=args.steps, warmup=2)
-    ours_s, dots_s, blockwise_s, ref_s = best["default"], best["dots"], best["blockwise"], best["torch"]
+    ours_s, dots_s, blockwise_s, packed_s, ref_s = best["default"], best["dots"], best["blockwise"], best["packed"], best["torch"]
     attention = select_backend("auto", jax.default_backend(), AttentionMask(), np.float32)
     print(f"train step, {config.num_params() / 1e6:.1f}M params, {args.batch} seqs x {seq // 2}-{seq} tokens, "
           f"{args.micro} per micro-batch, {jax.devices()[0].platform}, {torch.get_num_threads()} threads, "
           f"best of {args.repeats} x {args.steps} steps")
     flops = model_flops(config, examples)
-    print(f"{'implementation':<44}{'s/step':>10}{'tokens/s':>12}{'model GFLOP/s':>15}")
-    for name, seconds in (("sgs_jax Trainer (JAX, jitted; defaults)", ours_s), ("  the same, remat_policy=dots", dots_s),
-                          ("  the same, attention=blockwise", blockwise_s), ("transformers + torch.optim.Adam", ref_s)):
-        print(f"{name:<44}{seconds:>10.3f}{tokens / seconds:>12.0f}{flops / seconds / 1e9:>15.1f}")
+    print(f"{'implementation':<44}{'s/step':>10}{'tokens/s':>12}{'model GFLOP/s':>15}{'padding':>9}")
+    slots = {name: sum(b.input_ids.size for b in trainer.micro_batches(examples)) for name, trainer in trainers.items()}
+    for name, seconds, key in (("sgs_jax Trainer (JAX, jitted; defaults)", ours_s, "default"), ("  the same, remat_policy=dots", dots_s, "dots"),
+                               ("  the same, attention=blockwise", blockwise_s, "blockwise"), ("  the same, packed rows", packed_s, "packed"),
+                               ("transformers + torch.optim.Adam", ref_s, None)):
+        padding = f"{1 - tokens / slots[key]:>9.0%}" if key else f"{1 - tokens / torch_slots(examples, args.micro):>9.0%}"
+        print(f"{name:<44}{seconds:>10.3f}{tokens / seconds:>12.0f}{flops / seconds / 1e9:>15.1f}{padding}")
     print(f"ratio (ours / reference tokens/s): {ref_s / ours_s:.2f}; with remat_policy=dots: {ref_s / dots_s:.2f}; "
-          f"with attention=blockwise: {ref_s / blockwise_s:.2f} (default attention here: {attention})")
+          f"with attention=blockwise: {ref_s / blockwise_s:.2f}; packed: {ref_s / packed_s:.2f} (default attention here: {attention})")
     return ref_s / ours_s, flops / ref_s / 1e9
 
 

@@ -112,6 +112,7 @@ def _optimizer_defaults(lr: float, batch_size: int) -> ConfigDict:
     o.batch_size = batch_size  # sequences per optimiser step
     o.micro_batch_size = 8  # sequences per micro-batch (gradient accumulation); a multiple of mesh data x fsdp
     o.min_bucket = 64  # shortest micro-batch length; lengths step x1.5 / x2 up to the role's max (one program each)
+    o.pack_length = 0  # 0: one sequence per row; > 0: rows of up to this many tokens (>= the role's longest sequence) hold several sequences side by side, little padding
     o.b1 = 0.9  # Adam beta1
     o.b2 = 0.95  # Adam beta2
     o.eps = 1e-8  # Adam epsilon

@@ -55,7 +55,7 @@ _POSITIVE = (
     "conjecturer_train.micro_batch_size", "conjecturer_train.min_bucket", "run.keep_checkpoints", "sgs.ei_buffer_iterations",
 )
 _NON_NEGATIVE = ("targets.limit", "run.log_examples", "run.export_every", "roles.guide_devices",
-                 "roles.conjecturer_devices")
+                 "roles.conjecturer_devices", "solver_train.pack_length", "conjecturer_train.pack_length")
 # Fields a resumed run may change with --allow-config-change: they change how long the run
 # goes, how often it saves or exports, what it keeps, how many workers verify and how the
 # sampler pages its KV cache (tokens do not depend on pool or page size), never a result

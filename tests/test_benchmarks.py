@@ -50,6 +50,7 @@ def test_train_step_benchmark_runs_both_sides(capsys):
     assert "ratio (ours / reference tokens/s):" in out and "matmul alone, fp32" in out
     assert "the same, remat_policy=dots" in out and "with remat_policy=dots:" in out
     assert "the same, attention=blockwise" in out and "with attention=blockwise:" in out
+    assert "the same, packed rows" in out and "packed:" in out
 
 
 def test_exclusive_op_times_subtract_nested_thunks_per_worker_thread():

@@ -106,14 +106,16 @@ class MicroBatch:
         return tuple(self.input_ids.shape)
 
 
-def length_buckets(max_len: int, min_len: int = 64) -> tuple[int, ...]:
-    """Bucket lengths min_len, 1.5 min_len, 2 min_len, 3 min_len, ... up to and including
-    max_len: two shapes per octave, so padding is at most 1/3 of a row."""
-    if min_len <= 0 or max_len <= 0:
-        raise ValueError(f"bucket lengths must be positive, got min_len={min_len}, max_len={max_len}")
+def length_buckets(max_len: int, min_len: int = 64, per_octave: int = 2) -> tuple[int, ...]:
+    """Bucket lengths from min_len up to and including max_len, `per_octave` shapes per
+    doubling, evenly spaced within it: with 2 (min_len, 1.5 min_len, 2 min_len, 3 min_len,
+    ...) padding is at most 1/3 of a row, with 4 (min_len x 1, 1.25, 1.5, 1.75, 2, ...)
+    at most 1/5."""
+    if min_len <= 0 or max_len <= 0 or per_octave <= 0:
+        raise ValueError(f"bucket lengths must be positive, got min_len={min_len}, max_len={max_len}, per_octave={per_octave}")
     buckets, size = [], min_len
     while size < max_len:
-        buckets += [size, size * 3 // 2]
+        buckets += [size * (per_octave + i) // per_octave for i in range(per_octave)]
         size *= 2
     return tuple(sorted({b for b in buckets if b < max_len} | {max_len}))
 
@@ -235,11 +237,12 @@ def pack_micro_batches(
     """Packed micro-batches of `rows` rows, each row holding whole sequences side by side
     (segment ids 1, 2, ...) in at most max(buckets) tokens.
 
-    The sequences, longest first, each go to the least-filled row of the fewest
-    micro-batches that can hold them all (starting from total tokens / micro-batch
-    capacity, one more whenever a sequence fits no row), so the rows end up about equally
-    full; each micro-batch is padded to the bucket of its fullest row. Deterministic;
-    empty rows (all padding) only when there are fewer sequences than rows.
+    Two layouts are made and the one with fewer token slots (padding included) is kept:
+    balanced (the sequences, longest first, each go to the least-filled row of the fewest
+    micro-batches that hold them all, so all rows end up about equally full: best for a
+    batch of a few micro-batches) and filled (first fit, longest first, into rows of the
+    full length, so only the last micro-batch is short: best for many). Each micro-batch
+    is padded to the bucket of its fullest row. Deterministic.
     examples: one optimiser batch; scale: [len(examples)] from `batch_scale`.
     Raises ValueError when a sequence is longer than the largest bucket.
     """
@@ -252,6 +255,30 @@ def pack_micro_batches(
     for n in lengths:
         bucket_for(n, buckets)  # raises for a sequence longer than every bucket
     order = sorted(range(len(examples)), key=lambda i: -lengths[i])
+    layouts = [_balanced_rows(order, lengths, rows, capacity), _filled_rows(order, lengths, rows, capacity)]
+
+    def micro_lengths(members):
+        return [bucket_for(max(sum(lengths[i] for i in m) for m in members[f : f + rows]), buckets)
+                for f in range(0, len(members), rows)]
+
+    members = min(layouts, key=lambda m: sum(micro_lengths(m)))
+    batches = []
+    for first, length in zip(range(0, len(members), rows), micro_lengths(members)):
+        group = members[first : first + rows]
+        arrays = _empty_arrays(rows, length, pad_id, packed=True)
+        for row, sequences in enumerate(group):
+            start = 0
+            for segment, i in enumerate(sequences, start=1):
+                _fill_row(arrays, row, examples[i], float(scale[i]), start)
+                arrays["segment_ids"][row, start : start + lengths[i]] = segment
+                start += lengths[i]
+        batches.append(MicroBatch(**arrays))
+    return batches
+
+
+def _balanced_rows(order: list[int], lengths: list[int], rows: int, capacity: int) -> list[list[int]]:
+    """Sequences (indices, longest first) over the fewest micro-batches of `rows` rows that
+    hold them when each goes to the least-filled row; row r belongs to micro-batch r // rows."""
     micro = max(1, -(-sum(lengths) // (rows * capacity)))
     while True:
         members: list[list[int]] = [[] for _ in range(micro * rows)]
@@ -263,21 +290,24 @@ def pack_micro_batches(
             members[r].append(i)
             heapq.heappush(loads, (load + lengths[i], r))
         else:
-            break
-        micro += 1
-    batches = []
-    for first in range(0, micro * rows, rows):
-        group = members[first : first + rows]
-        length = bucket_for(max(sum(lengths[i] for i in m) for m in group), buckets)
-        arrays = _empty_arrays(rows, length, pad_id, packed=True)
-        for row, sequences in enumerate(group):
-            start = 0
-            for segment, i in enumerate(sequences, start=1):
-                _fill_row(arrays, row, examples[i], float(scale[i]), start)
-                arrays["segment_ids"][row, start : start + lengths[i]] = segment
-                start += lengths[i]
-        batches.append(MicroBatch(**arrays))
-    return batches
+            return members
+        micro += 1  # some sequence fits no row
+
+
+def _filled_rows(order: list[int], lengths: list[int], rows: int, capacity: int) -> list[list[int]]:
+    """Sequences (indices, longest first) by first fit into rows of `capacity` tokens, rows
+    in the order they were opened (the fullest first), padded with empty rows to a
+    multiple of `rows`."""
+    members: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        r = next((r for r, load in enumerate(loads) if load + lengths[i] <= capacity), len(loads))
+        if r == len(loads):
+            members.append([])
+            loads.append(0)
+        members[r].append(i)
+        loads[r] += lengths[i]
+    return members + [[] for _ in range(-len(members) % rows)]
 
 
 def padding_fraction(batches: Sequence[MicroBatch]) -> float:

@@ -125,10 +125,13 @@ class TrainConfig:
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        """Micro-batch lengths (two per octave from min_bucket to max_seq_len, or to
-        pack_length when packed): the shapes the accumulate program compiles for."""
-        longest = self.pack_length or self.max_seq_len
-        return length_buckets(longest, min(self.min_bucket, longest))
+        """Micro-batch lengths: the shapes the accumulate program compiles for. Two per
+        octave from min_bucket to max_seq_len; packed, four per octave up to pack_length
+        (packed rows are filled to any length, and most micro-batches of a large batch
+        are full, so the finer steps cost few extra programs)."""
+        if self.packed:
+            return length_buckets(self.pack_length, min(self.min_bucket, self.pack_length), per_octave=4)
+        return length_buckets(self.max_seq_len, min(self.min_bucket, self.max_seq_len))
 
     def program_config(self) -> "TrainConfig":
         """This config with its host-only fields at their defaults: the key of the compiled

@@ -199,6 +199,7 @@ def train_config(role_cfg, objective: str, cispo_cfg, max_seq_len: int) -> Train
         batch_size=role_cfg.batch_size,
         micro_batch_size=role_cfg.micro_batch_size,
         max_seq_len=max_seq_len,
+        pack_length=role_cfg.pack_length,
         min_bucket=role_cfg.min_bucket,
         cispo_eps_low=cispo_cfg.eps_low,
         cispo_eps_high=cispo_cfg.eps_high,

@@ -9,7 +9,14 @@ import pytest
 from sgs_jax.models import create_model, tiny
 from sgs_jax.models.llama import segment_positions
 from sgs_jax.parallel import make_mesh
-from sgs_jax.rl.batching import SequenceExample, batch_scale, length_buckets, make_micro_batches, pack_micro_batches
+from sgs_jax.rl.batching import (
+    SequenceExample,
+    batch_scale,
+    length_buckets,
+    make_micro_batches,
+    pack_micro_batches,
+    padding_fraction,
+)
 from sgs_jax.rl.logprobs import token_logprobs
 from sgs_jax.rl.optimizer import OptimizerConfig
 from sgs_jax.rl.train_step import TrainConfig, Trainer
@@ -73,6 +80,23 @@ def test_packing_opens_a_micro_batch_when_no_row_fits_and_rejects_long_sequences
         pack_micro_batches(_examples_of_lengths([70]), np.ones(1), 1, (32, 64))
     with pytest.raises(ValueError, match="pack_length"):
         TrainConfig(max_seq_len=64, pack_length=32)
+
+
+def test_packing_keeps_the_layout_with_fewer_slots():
+    """A large batch (300 sequences of 99-1,999 tokens, 2 rows of 8,192): rows filled to the
+    full length, only the last micro-batch short, 1% padding. A small one (the benchmark's
+    1,024-token batch, 1 row of up to 4,096): two equally full rows of 3,584 (four buckets
+    per octave), where filling would leave 3,806 + 3,124 tokens in 4,096 + 3,584 slots."""
+    rng = np.random.default_rng(0)
+    large = _examples_of_lengths(list(rng.integers(100, 2000, 300)))
+    batches = pack_micro_batches(large, batch_scale(large), 2, length_buckets(8192, 64, per_octave=4))
+    assert [b.shape[1] for b in batches[:-1]] == [8192] * (len(batches) - 1) and batches[-1].shape[1] < 8192
+    assert padding_fraction(batches) < 0.02
+    assert sorted(e for b in batches for e in b.segment_ids.reshape(-1) if e).count(1) >= len(batches)
+    assert sum(int(b.attention_mask.sum()) for b in batches) == sum(e.num_inputs for e in large)
+    small = _examples_of_lengths([1020, 949, 948, 893, 814, 801, 769, 744])
+    batches = pack_micro_batches(small, batch_scale(small), 1, length_buckets(4096, 64, per_octave=4))
+    assert [b.shape for b in batches] == [(1, 3584), (1, 3584)]
 
 
 def test_segment_positions_restart_at_each_sequence():

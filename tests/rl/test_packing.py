@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from sgs_jax.models import create_model, tiny
 from sgs_jax.models.llama import segment_positions
@@ -117,7 +118,7 @@ def test_packed_logprobs_equal_each_sequence_alone(attention):
         lp = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.targets, segment_ids=batch.segment_ids)
         return jnp.sum(lp * batch.loss_mask * batch.weights), lp
 
-    (_, lp), grads = jax.value_and_grad(packed_total, has_aux=True)(model)
+    (_, lp), grads = nnx.jit(nnx.value_and_grad(packed_total, has_aux=True))(model)
     lp = np.asarray(lp)
 
     def alone_total(model):
@@ -131,7 +132,7 @@ def test_packed_logprobs_equal_each_sequence_alone(attention):
             pieces[tuple(seq[:-1])] = one
         return total, pieces
 
-    (_, pieces), want_grads = jax.value_and_grad(alone_total, has_aux=True)(model)
+    (_, pieces), want_grads = nnx.jit(nnx.value_and_grad(alone_total, has_aux=True))(model)
     for (row, seg), (ids, *_) in _unpacked_rows(batch).items():
         np.testing.assert_allclose(lp[row, batch.segment_ids[row] == seg], np.asarray(pieces[tuple(ids)]), atol=1e-5, rtol=0)
     for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want_grads)):

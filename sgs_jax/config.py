@@ -289,9 +289,14 @@ def validate(cfg: ConfigDict) -> None:
     except ValueError as err:
         raise ConfigError(f"verify.backend / verify.options: {err}") from None
     _check_placement(cfg)
-    for role in ("solver_train", "conjecturer_train"):
+    from sgs_jax.sgs.roles import training_lengths  # here: roles imports this module
+
+    for role, longest in zip(("solver_train", "conjecturer_train"), training_lengths(cfg)):
         if cfg[role].batch_size % cfg[role].micro_batch_size:
             raise ConfigError(f"{role}.batch_size must be a multiple of {role}.micro_batch_size")
+        if 0 < cfg[role].pack_length < longest:
+            raise ConfigError(f"{role}.pack_length ({cfg[role].pack_length}) must be 0 (no packing) or at least "
+                              f"the role's longest training sequence ({longest} tokens)")
     if cfg.sgs.solver_objective == "cispo" and cfg.solver_train.batch_size % cfg.sgs.proofs_per_problem:
         # CISPO batches are whole groups of k rollouts (SPEC Section 5).
         raise ConfigError(

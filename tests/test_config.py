@@ -77,6 +77,8 @@ BAD = [
     (["--config.verify.backend=nope"], "verify.backend.*unknown verification backend 'nope'"),
     (["--config.verify.backend=lean", "--config.verify.options.bogus=1"], "verify.backend / verify.options: backend 'lean' takes no option bogus"),
     (["--config.verify.backend=remote"], "verify.options.*needs option url"),
+    (["--config.solver_train.pack_length=-1"], "solver_train.pack_length must be >= 0"),
+    (["--config.conjecturer_train.pack_length=512"], "conjecturer_train.pack_length \\(512\\) must be 0 \\(no packing\\) or at least the role's longest training sequence \\(640 tokens\\)"),
 ]
 
 

@@ -49,7 +49,18 @@ inline Vec Load(const float* p) {
   return v;
 }
 inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
-inline Vec Splat(float x) { return Vec{} + x; }
+// Load, kept in a register: a value reused by several FMAs is otherwise folded into each
+// of them as a memory operand, one load per FMA. (With AVX-512 a Vec is one register.)
+inline Vec LoadOnce(const float* p) {
+  Vec v = Load(p);
+#ifdef __AVX512F__
+  asm("" : "+v"(v));
+#endif
+  return v;
+}
+// x in every lane. (x - 0 is x for every x, so the compiler drops the subtraction and
+// broadcasts; `Vec{} + x` is not, for x = -0, and kept a scalar add before each broadcast.)
+inline Vec Splat(float x) { return x - Vec{}; }
 
 struct Dims {
   int64_t batch, length, q_heads, kv_heads, dim, padded;
@@ -71,23 +82,26 @@ void Scatter(const float* rows, int64_t heads, const Dims& d, int64_t b, int64_t
   }
 }
 
-// [T64, D] -> [D, T64].
-void Transpose(const float* rows, int64_t length, int64_t dim, float* cols) {
+// [T64, D] -> [T64 / 64, D, 64]: each tile of 64 rows transposed into its own contiguous
+// block. (One [D, T64] transpose has a row stride of T64 floats, 4 KB at T = 1,024: the D
+// rows a tile product reads then share a few L1 sets and evict each other.)
+void TransposeTiles(const float* rows, int64_t length, int64_t dim, float* cols) {
   for (int64_t t = 0; t < length; ++t) {
-    for (int64_t c = 0; c < dim; ++c) cols[c * length + t] = rows[t * dim + c];
+    float* block = cols + (t / kTile) * dim * kTile + t % kTile;
+    for (int64_t c = 0; c < dim; ++c) block[c * kTile] = rows[t * dim + c];
   }
 }
 
-// s[64, 64] = a[64, D] . bt[:, c0 : c0 + 64] (bt is [D, ld]): four query rows at a time
-// against the 64 keys (16 accumulators).
+// s[64, 64] = a[64, D] . bt (bt: one [D, 64] block of `TransposeTiles`): four query rows
+// at a time against the 64 keys (16 accumulators).
 template <int DV>
-void TileScores(const float* a, const float* bt, int64_t ld, int64_t c0, float* s) {
+void TileScores(const float* a, const float* bt, float* s) {
   constexpr int64_t D = 16 * DV;
   for (int64_t r = 0; r < kTile; r += 4) {
     Vec acc[4][4] = {};
     for (int64_t d = 0; d < D; ++d) {
-      const float* row = bt + d * ld + c0;
-      const Vec b0 = Load(row), b1 = Load(row + 16), b2 = Load(row + 32), b3 = Load(row + 48);
+      const float* row = bt + d * kTile;
+      const Vec b0 = LoadOnce(row), b1 = LoadOnce(row + 16), b2 = LoadOnce(row + 32), b3 = LoadOnce(row + 48);
       for (int rr = 0; rr < 4; ++rr) {
         const Vec x = Splat(a[(r + rr) * D + d]);
         acc[rr][0] += x * b0;
@@ -119,7 +133,7 @@ void TileApply(const float* p, const float* b, float* out) {
     }
     for (int64_t c = 0; c < kTile; ++c) {
       Vec row[DV];
-      for (int j = 0; j < DV; ++j) row[j] = Load(b + c * D + 16 * j);
+      for (int j = 0; j < DV; ++j) row[j] = LoadOnce(b + c * D + 16 * j);
       for (int rr = 0; rr < R; ++rr) {
         const Vec w = Splat(kTransposed ? p[c * kTile + r + rr] : p[(r + rr) * kTile + c]);
         for (int j = 0; j < DV; ++j) acc[rr][j] += w * row[j];
@@ -203,11 +217,11 @@ struct UnitKeys {
   UnitKeys(const Dims& d, const Buffers& io, int64_t b, int64_t kh, bool transposed_values)
       : row(io.segments + b * d.length, d.length, d.padded), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim) {
     Gather(io.k, d.kv_heads, d, b, kh, k.data());
-    Transpose(k.data(), d.padded, d.dim, kt.data());
+    TransposeTiles(k.data(), d.padded, d.dim, kt.data());
     Gather(io.v, d.kv_heads, d, b, kh, v.data());
     if (transposed_values) {
       vt.resize(d.dim * d.padded);
-      Transpose(v.data(), d.padded, d.dim, vt.data());
+      TransposeTiles(v.data(), d.padded, d.dim, vt.data());
     }
   }
 };
@@ -229,11 +243,12 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_
       std::fill(l.begin(), l.end(), 0.0f);
       float* oq = o.data() + q0 * D;
       for (int64_t k0 = keys.row.first_key_tile[q0 / kTile] * kTile; k0 <= q0; k0 += kTile) {
-        TileScores<DV>(q.data() + q0 * D, kt.data(), T64, k0, s.data());
+        TileScores<DV>(q.data() + q0 * D, kt.data() + k0 * D, s.data());
         Mask(s.data(), q0, k0, keys.row);
         for (int64_t r = 0; r < kTile; ++r) {
           float* sr = s.data() + r * kTile;
           float peak = m[r];
+#pragma omp simd reduction(max : peak)
           for (int64_t c = 0; c < kTile; ++c) peak = std::max(peak, sr[c]);
           float total = 0.0f;
 #pragma omp simd reduction(+ : total)
@@ -288,7 +303,7 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64
       for (int64_t q0 = k0; q0 < q_end; q0 += kTile) {
         if (keys.row.first_key_tile[q0 / kTile] > k0 / kTile) continue;  // its queries' segments start later
         // P = exp(S - lse), masked entries exactly 0.
-        TileScores<DV>(q.data() + q0 * D, kt.data(), T64, k0, p.data());
+        TileScores<DV>(q.data() + q0 * D, kt.data() + k0 * D, p.data());
         Mask(p.data(), q0, k0, keys.row);
         for (int64_t r = 0; r < kTile; ++r) {
           float* pr = p.data() + r * kTile;
@@ -300,7 +315,7 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64
           }
         }
         TileApply<DV, true>(p.data(), dout.data() + q0 * D, dv.data() + k0 * D);  // dV += P^T dO
-        TileScores<DV>(dout.data() + q0 * D, vt.data(), T64, k0, dp.data());       // dP = dO V^T
+        TileScores<DV>(dout.data() + q0 * D, vt.data() + k0 * D, dp.data());       // dP = dO V^T
         for (int64_t r = 0; r < kTile; ++r) {
           float* pr = p.data() + r * kTile;
           const float* dpr = dp.data() + r * kTile;

@@ -199,6 +199,15 @@ def _empty_arrays(rows: int, length: int, pad_id: int, packed: bool) -> dict[str
     return arrays
 
 
+def _longest_first(examples: Sequence[SequenceExample], scale: np.ndarray, rows: int, name: str) -> list[int]:
+    """The examples' indices, longest first, after checking the row count and scale."""
+    if rows <= 0:
+        raise ValueError(f"{name} must be positive, got {rows}")
+    if len(scale) != len(examples):
+        raise ValueError(f"{len(scale)} scale entries for {len(examples)} examples")
+    return sorted(range(len(examples)), key=lambda i: -examples[i].num_inputs)
+
+
 def make_micro_batches(
     examples: Sequence[SequenceExample],
     scale: np.ndarray,
@@ -211,11 +220,7 @@ def make_micro_batches(
     examples: one optimiser batch; scale: [len(examples)] from `batch_scale`.
     Raises ValueError when a sequence is longer than the largest bucket.
     """
-    if micro_batch_size <= 0:
-        raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
-    if len(scale) != len(examples):
-        raise ValueError(f"{len(scale)} scale entries for {len(examples)} examples")
-    order = sorted(range(len(examples)), key=lambda i: -examples[i].num_inputs)
+    order = _longest_first(examples, scale, micro_batch_size, "micro_batch_size")
     batches = []
     for start in range(0, len(order), micro_batch_size):
         rows = order[start : start + micro_batch_size]
@@ -246,15 +251,11 @@ def pack_micro_batches(
     examples: one optimiser batch; scale: [len(examples)] from `batch_scale`.
     Raises ValueError when a sequence is longer than the largest bucket.
     """
-    if rows <= 0:
-        raise ValueError(f"rows must be positive, got {rows}")
-    if len(scale) != len(examples):
-        raise ValueError(f"{len(scale)} scale entries for {len(examples)} examples")
+    order = _longest_first(examples, scale, rows, "rows")
     capacity = max(buckets)
     lengths = [e.num_inputs for e in examples]
     for n in lengths:
         bucket_for(n, buckets)  # raises for a sequence longer than every bucket
-    order = sorted(range(len(examples)), key=lambda i: -lengths[i])
     layouts = [_balanced_rows(order, lengths, rows, capacity), _filled_rows(order, lengths, rows, capacity)]
 
     def micro_lengths(members):

@@ -148,8 +148,8 @@ _SPLASH_LANES = 128  # splash blocks are multiples of the TPU lane width
 def splash(q, k, v, mask: AttentionMask, interpret: bool | None = None) -> jax.Array:
     """The Pallas splash-attention kernel (self-attention): causal mask, padding and packed
     rows as segment ids (padding keys are segment 0, so a real query never sees them). The
-    sequence is padded up to a multiple of 128 (the kernel's block granularity) and cut back after.
-    `interpret` defaults to True off TPU (Pallas interpret mode, for tests)."""
+    sequence is padded up to a multiple of 128 (the kernel's block granularity) and cut
+    back after. `interpret` defaults to True off TPU (Pallas interpret mode, for tests)."""
     if not mask.is_self_attention:
         raise ValueError("the splash backend serves self-attention; cached calls use xla")
     if interpret is None:
@@ -194,7 +194,8 @@ def _splash_per_device(q, k, v, segments, *, heads: int, length: int, interpret:
 
 def _per_device(fn, q, k, v, segments):
     """`fn(q, k, v, segments)` (segments: [B, T] ids or None) per device under `shard_map`
-    over the enclosing mesh (batch over data/fsdp, heads over tensor when both q and kv heads divide it); plain call outside one."""
+    over the enclosing mesh (batch over data/fsdp, heads over tensor when both q and kv
+    heads divide it); plain call outside one."""
     current = current_mesh()
     if current is None:
         return fn(q, k, v, segments)

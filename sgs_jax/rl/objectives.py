@@ -86,7 +86,8 @@ def _prepare(logprobs, mask, per_sequence, normalization, group_ids, scale, segm
     factors = jnp.asarray(per_sequence, dtype), jnp.asarray(scale, dtype)
     expected = logprobs.shape if segment_ids is not None else logprobs.shape[:1]
     if any(f.shape != expected for f in factors):
-        raise ValueError(f"weights and scale must be shaped {expected} (packed rows: per token), got {[f.shape for f in factors]}")
+        shapes = [f.shape for f in factors]
+        raise ValueError(f"weights and scale must be shaped {expected} (packed rows: per token), got {shapes}")
     return lp, valid, valid.astype(dtype), *factors
 
 

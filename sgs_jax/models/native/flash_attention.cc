@@ -62,6 +62,19 @@ inline Vec LoadOnce(const float* p) {
 // broadcasts; `Vec{} + x` is not, for x = -0, and kept a scalar add before each broadcast.)
 inline Vec Splat(float x) { return x - Vec{}; }
 
+// max(init, x[0], ..., x[63]): lane-wise over the four vectors, then across the lanes. (A
+// scalar loop, which GCC would not vectorise here even under `omp simd reduction(max)`.)
+inline float RowMax(const float* x, float init) {
+  Vec m = Load(x);
+  for (int j = 1; j < 4; ++j) {
+    const Vec v = Load(x + 16 * j);
+    m = m > v ? m : v;
+  }
+  float out = init;
+  for (int i = 0; i < 16; ++i) out = std::max(out, m[i]);
+  return out;
+}
+
 struct Dims {
   int64_t batch, length, q_heads, kv_heads, dim, padded;
   int64_t group() const { return q_heads / kv_heads; }
@@ -247,9 +260,7 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_
         Mask(s.data(), q0, k0, keys.row);
         for (int64_t r = 0; r < kTile; ++r) {
           float* sr = s.data() + r * kTile;
-          float peak = m[r];
-#pragma omp simd reduction(max : peak)
-          for (int64_t c = 0; c < kTile; ++c) peak = std::max(peak, sr[c]);
+          const float peak = RowMax(sr, m[r]);
           float total = 0.0f;
 #pragma omp simd reduction(+ : total)
           for (int64_t c = 0; c < kTile; ++c) {

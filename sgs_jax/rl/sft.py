@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--micro-batch-size", type=int, default=4)
     ap.add_argument("--max-seq-len", type=int, default=8192)
+    ap.add_argument("--pack-length", type=int, default=0,
+                    help="0: one pair per row; > 0: rows of up to this many tokens (>= --max-seq-len) hold several pairs")
     ap.add_argument("--heldout", type=int, default=64, help="pairs held out for the format check")
     ap.add_argument("--max-new-tokens", type=int, default=2048)
     ap.add_argument("--no-format-check", action="store_true", help="skip the Guide format rate (non-Guide SFT)")
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     train, held = split_heldout(read_sft_jsonl(args.data), 0 if args.no_format_check else args.heldout, args.seed)
     config = TrainConfig(
         objective="sft", batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-        max_seq_len=args.max_seq_len, optimizer=OptimizerConfig(learning_rate=args.lr),
+        max_seq_len=args.max_seq_len, pack_length=args.pack_length, optimizer=OptimizerConfig(learning_rate=args.lr),
     )
     trainer = Trainer(model, config, mesh)
     evaluate = None if args.no_format_check else (lambda m, t, p: guide_format_rate(m, t, p, args.max_new_tokens))

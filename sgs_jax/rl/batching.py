@@ -252,19 +252,21 @@ def pack_micro_batches(
     Raises ValueError when a sequence is longer than the largest bucket.
     """
     order = _longest_first(examples, scale, rows, "rows")
-    capacity = max(buckets)
+    if not order:
+        return []
     lengths = [e.num_inputs for e in examples]
-    for n in lengths:
-        bucket_for(n, buckets)  # raises for a sequence longer than every bucket
-    layouts = [_balanced_rows(order, lengths, rows, capacity), _filled_rows(order, lengths, rows, capacity)]
+    bucket_for(lengths[order[0]], buckets)  # raises for a sequence longer than every bucket
+    capacity = max(buckets)
 
-    def micro_lengths(members):
-        return [bucket_for(max(sum(lengths[i] for i in m) for m in members[f : f + rows]), buckets)
-                for f in range(0, len(members), rows)]
+    def with_micro_lengths(members):
+        return members, [bucket_for(max(sum(lengths[i] for i in m) for m in members[f : f + rows]), buckets)
+                         for f in range(0, len(members), rows)]
 
-    members = min(layouts, key=lambda m: sum(micro_lengths(m)))
+    layouts = [with_micro_lengths(_balanced_rows(order, lengths, rows, capacity)),
+               with_micro_lengths(_filled_rows(order, lengths, rows, capacity))]
+    members, micro_lengths = min(layouts, key=lambda layout: sum(layout[1]))
     batches = []
-    for first, length in zip(range(0, len(members), rows), micro_lengths(members)):
+    for first, length in zip(range(0, len(members), rows), micro_lengths):
         group = members[first : first + rows]
         arrays = _empty_arrays(rows, length, pad_id, packed=True)
         for row, sequences in enumerate(group):

@@ -174,9 +174,9 @@ def cispo_loss(
     w = clip(exp(logprobs - old_logprobs), 1 - eps_low, 1 + eps_high).
 
     logprobs, old_logprobs (the sampler's), mask: [batch, tokens]; advantages: [batch];
-    packed rows: see the module docstring. Metrics (over masked tokens): clip_fraction_low / _high (ratio below / above the
-    range), clip_fraction (both), mean_importance_weight (clipped w), mean_ratio
-    (unclipped), token_count.
+    packed rows: see the module docstring. Metrics (over masked tokens):
+    clip_fraction_low / _high (ratio below / above the range), clip_fraction (both),
+    mean_importance_weight (clipped w), mean_ratio (unclipped), token_count.
     """
     lp, valid, m, adv, scale = _prepare(logprobs, mask, advantages, normalization, group_ids, scale, segment_ids)
     old = jnp.where(valid, old_logprobs.astype(lp.dtype), 0.0)

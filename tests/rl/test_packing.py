@@ -79,6 +79,7 @@ def test_packing_opens_a_micro_batch_when_no_row_fits_and_rejects_long_sequences
     assert [sorted(set(b.segment_ids[0]) - {0}) for b in batches] == [[1]] * 3
     with pytest.raises(ValueError, match="exceeds the largest bucket"):
         pack_micro_batches(_examples_of_lengths([70]), np.ones(1), 1, (32, 64))
+    assert pack_micro_batches([], np.ones(0), 1, (32, 64)) == []
     with pytest.raises(ValueError, match="pack_length"):
         TrainConfig(max_seq_len=64, pack_length=32)
 

@@ -145,7 +145,11 @@ def decode_chunk(graphdef, params, state: DecodeState, page_table, num_pages, ki
     page_table [S, max_pages] int32, num_pages [S] int32: the pages each row holds (the host
     allocated enough for the whole chunk). kill [S] bool: rows the host took back
     (preempted): done before the first step. Stops early when every slot is done or when
-    `exit_new` slots finished during this chunk (so the host can refill them). stop_ids [n]
+    `exit_new` of the rows the host planned as live (num_pages > 0, not killed) are done, so
+    the host can refill their slots. That count includes rows that finished in the chunk
+    before this one, which the host had not read yet when it dispatched this one: a chunk
+    queued behind one that ended early for a refill then ends at once, instead of running
+    its steps with those slots idle. stop_ids [n]
     int32; temperature, top_k, top_p scalars; work_size: ragged work-list entries per batch
     shard (gather backend; >= the pages live rows hold); backend: the decode attention
     (`models.paged_attention.PAGED_BACKENDS`). Returns (state, ChunkOutput).
@@ -154,6 +158,7 @@ def decode_chunk(graphdef, params, state: DecodeState, page_table, num_pages, ki
     slots = state.done.shape[0]
     work = build_work(page_table, num_pages, work_size, state.pool.page_size) if backend == "gather" else None
     start_done = state.done | kill
+    planned_live = (num_pages > 0) & ~kill  # a live row holds at least one page (the scheduler grows it first)
     state = dataclasses.replace(state, done=start_done)
     out = ChunkOutput(
         tokens=jnp.zeros((slots, chunk_steps), jnp.int32),
@@ -167,8 +172,8 @@ def decode_chunk(graphdef, params, state: DecodeState, page_table, num_pages, ki
     def cond(carry):
         st, o = carry
         num_done = jnp.sum(st.done)
-        newly_done = jnp.sum(st.done & ~start_done)
-        return (o.steps < chunk_steps) & (num_done < slots) & (newly_done < exit_new)
+        finished_unseen = jnp.sum(st.done & planned_live)
+        return (o.steps < chunk_steps) & (num_done < slots) & (finished_unseen < exit_new)
 
     def body(carry):
         st, o = carry

@@ -28,7 +28,9 @@ may be shared). Cases:
             is paging, chunking and the host loop rather than the model
   straggler 504 short rows (128 new tokens) through 64 slots, with one long row (1,025
             new tokens) among them vs without it, the two timed alternately: the short
-            rows' tokens/s should drop by at most 10%
+            rows' tokens/s should drop by at most 10%. Also printed: the ratio of decode
+            steps and of pages held x steps (deterministic: what the long row adds,
+            apart from the host's run-to-run noise)
 
     python benchmarks/sampler.py                      # every case
     python benchmarks/sampler.py --cases batch,capacity --repeats 2
@@ -291,6 +293,7 @@ def case_straggler(args, model, rng) -> list[str]:
              f"({sampler.attention_backend} decode attention)",
              row("short rows' tokens/s, no long row", figures[new]), row("short rows' tokens/s, one long row", figures[8 * new + 1]),
              row("ratio (with / without)", figures[8 * new + 1] / figures[new], "x"),
+             row("decode steps, ratio (without / with)", without.decode_steps / with_long.decode_steps, "x"),
              row("pages held x steps, ratio (without / with)", without.held_page_steps / with_long.held_page_steps, "x")]
     if with_long.work_page_steps:  # the gather backend's padded work list (the native kernel reads the held pages)
         lines += [row("work-list pages x steps, ratio (without / with)", without.work_page_steps / with_long.work_page_steps, "x"),

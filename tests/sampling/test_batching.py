@@ -74,7 +74,8 @@ def test_a_long_row_does_not_idle_the_slots_refilled_beside_it(model, prompts):
     """Two slots: one row of 16 new tokens beside three of 4, run one after another in the
     other slot. The chunk queued behind the one in which a short row finished must end at
     once (the host has a row to start there), not run its 4 steps with that slot idle: the
-    call takes the long row's 16 steps, where idling would take 4 more per refill (20)."""
+    call takes the long row's 16 steps; with a chunk idled after each short row, the last
+    short row would end at step 20 (as it did before the fix)."""
     s = Sampler(model.config, max_batch=2, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256)
     params = SamplingParams(temperature=1.0, max_new_tokens=16, max_total_len=64, seed=1, stop_token_ids=())
     short = [p for p in prompts if len(p) <= 8][:1] * 3

@@ -28,9 +28,9 @@ may be shared). Cases:
             is paging, chunking and the host loop rather than the model
   straggler 504 short rows (128 new tokens) through 64 slots, with one long row (1,025
             new tokens) among them vs without it, the two timed alternately: the short
-            rows' tokens/s should drop by at most 10%. Also printed: the ratio of decode
-            steps and of pages held x steps (deterministic: what the long row adds,
-            apart from the host's run-to-run noise)
+            rows' tokens/s should drop by at most 10%. Also printed: each round's own
+            ratio (the host's run-to-run spread), and the ratios of decode steps and of
+            pages held x steps (deterministic: what the long row adds, apart from noise)
 
     python benchmarks/sampler.py                      # every case
     python benchmarks/sampler.py --cases batch,capacity --repeats 2
@@ -283,16 +283,19 @@ def case_straggler(args, model, rng) -> list[str]:
     for cap in caps:  # warm-up (compiles every work-list size either case meets)
         run(cap)
         work[cap] = sampler.last_stats  # page counts are the same in every run
-    best = {cap: float("inf") for cap in caps}
+    rounds = {cap: [] for cap in caps}
     for _ in range(args.repeats):  # alternate, so both cases see the same machine load
         for cap in caps:
-            best[cap] = min(best[cap], run(cap))
-    figures = {cap: short * new / seconds for cap, seconds in best.items()}
+            rounds[cap].append(run(cap))
+    figures = {cap: short * new / min(seconds) for cap, seconds in rounds.items()}
+    # Each round's own ratio, to show this host's run-to-run spread beside the best-of ratio.
+    per_round = ", ".join(f"{a / b:.2f}" for a, b in zip(rounds[new], rounds[8 * new + 1]))
     without, with_long = work[new], work[8 * new + 1]
     lines = [f"straggler: {short} rows of {new} new tokens through {slots} slots, with one more row of {new} or {8 * new + 1} "
              f"({sampler.attention_backend} decode attention)",
              row("short rows' tokens/s, no long row", figures[new]), row("short rows' tokens/s, one long row", figures[8 * new + 1]),
              row("ratio (with / without)", figures[8 * new + 1] / figures[new], "x"),
+             f"  each round's ratio (with / without): {per_round}",
              row("decode steps, ratio (without / with)", without.decode_steps / with_long.decode_steps, "x"),
              row("pages held x steps, ratio (without / with)", without.held_page_steps / with_long.held_page_steps, "x")]
     if with_long.work_page_steps:  # the gather backend's padded work list (the native kernel reads the held pages)

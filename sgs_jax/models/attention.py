@@ -36,9 +36,15 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from sgs_jax.models import native as native_kernels
 from sgs_jax.parallel.rules import compile_platform, current_mesh, logical_to_spec
+
+# Names of the attention kernels' forward outputs that its backward reads (the output and
+# per-row log-sum-exp). A remat policy that saves them (`llama`'s "dots") keeps the backward
+# from running the forward kernel again.
+ATTENTION_OUT, ATTENTION_LSE = "attention_out", "attention_lse"
 
 # Masked scores: finite, so a row with nothing visible gives no NaN.
 _MASKED = -1e30
@@ -376,6 +382,7 @@ def _native_flash_fwd(q, k, v, segments):
     scaled, k32, v32 = q.astype(f32) * f32(d**-0.5), k.astype(f32), v.astype(f32)
     shapes = (jax.ShapeDtypeStruct(q.shape, f32), jax.ShapeDtypeStruct((b, hq, t), f32))
     out, lse = jax.ffi.ffi_call(native_kernels.FLASH_FORWARD, shapes)(scaled, k32, v32, segments)
+    out, lse = checkpoint_name(out, ATTENTION_OUT), checkpoint_name(lse, ATTENTION_LSE)
     return out.astype(q.dtype), (scaled, k32, v32, segments, out, lse)
 
 

@@ -48,7 +48,7 @@ class ModelConfig:
     # Run-time numerics, not part of the checkpoint.
     dtype: str = "float32"  # activations / matmul compute
     param_dtype: str = "float32"  # stored parameters
-    remat_policy: str = "none"  # per-layer rematerialisation in training: none | full | dots | offload (full, saved layer inputs in host memory)
+    remat_policy: str = "none"  # per-layer rematerialisation in training: none | full | dots (save matmul and native attention outputs) | offload (full, saved layer inputs in host memory)
     attention: str = "auto"  # attention backend (sgs_jax.models.attention): auto | native | blockwise | xla | cudnn | splash
 
     def __post_init__(self):

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sgs_jax.models.attention import AttentionMask, attend
+from sgs_jax.models.attention import ATTENTION_LSE, ATTENTION_OUT, AttentionMask, attend
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.kv_cache import KVCache
 from sgs_jax.models.paged_attention import paged_decode
@@ -238,7 +238,9 @@ ACCUMULATING_REMAT = ("full", "offload")
 _REMAT_POLICIES = {
     "full": None,  # save nothing inside a layer
     "offload": None,  # as full; the accumulating scan keeps the layer inputs in host memory
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT, ATTENTION_LSE)),
 }
 
 

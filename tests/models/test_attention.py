@@ -398,3 +398,26 @@ def test_native_runs_per_device_under_a_mesh(reference_model_loss):
     np.testing.assert_allclose(float(loss), float(ref_loss), atol=0, rtol=1e-6)
     for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("remat, forward_calls", [("dots", 1), ("full", 2)])
+def test_dots_remat_saves_the_native_kernels_outputs(remat, forward_calls):
+    """Under remat_policy="dots" the layer's backward reads the forward kernel's saved output
+    and log-sum-exp (named `ATTENTION_OUT` / `ATTENTION_LSE`) instead of running the forward
+    kernel again: one forward call in the compiled gradient (full remat, which saves nothing,
+    has two). Loss and gradients as without remat either way."""
+    if not native.flash_attention_targets():
+        pytest.skip("the native CPU kernels could not be built here (no C++ compiler?)")
+    config = _MODEL_CONFIG.replace(attention="native", head_dim=16)  # the kernels take head dims of 16k
+
+    def loss_and_grads(policy):
+        graphdef, state = nnx.split(create_model(config.replace(remat_policy=policy), seed=1))
+        grad = jax.jit(jax.value_and_grad(lambda st: _model_loss(nnx.merge(graphdef, st))))
+        return grad.lower(state).compile().as_text(), grad(state)
+
+    hlo, (loss, grads) = loss_and_grads(remat)
+    _, (want_loss, want_grads) = loss_and_grads("none")
+    assert hlo.count(f'custom_call_target="{native.FLASH_FORWARD}"') == forward_calls
+    np.testing.assert_allclose(float(loss), float(want_loss), atol=0, rtol=1e-6)
+    for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want_grads)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL, rtol=0)

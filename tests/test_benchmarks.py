@@ -51,6 +51,7 @@ def test_train_step_benchmark_runs_both_sides(capsys):
     assert "the same, remat_policy=dots" in out and "with remat_policy=dots:" in out
     assert "the same, attention=blockwise" in out and "with attention=blockwise:" in out
     assert "the same, packed rows" in out and "packed:" in out
+    assert "the same, packed rows and remat_policy=dots" in out and "packed and dots:" in out
 
 
 def test_exclusive_op_times_subtract_nested_thunks_per_worker_thread():

@@ -41,7 +41,7 @@ from jax.ad_checkpoint import checkpoint_name
 from sgs_jax.models import native as native_kernels
 from sgs_jax.parallel.rules import compile_platform, current_mesh, logical_to_spec
 
-# Names of the attention kernels' forward outputs that its backward reads (the output and
+# Names of the native kernels' forward outputs that their backward reads (the output and
 # per-row log-sum-exp). A remat policy that saves them (`llama`'s "dots") keeps the backward
 # from running the forward kernel again.
 ATTENTION_OUT, ATTENTION_LSE = "attention_out", "attention_lse"

@@ -36,6 +36,8 @@ import time
 import jax
 import numpy as np
 
+from timing import host_malloc
+
 # XLA:CPU's worker threads; the PjRt client threads only wait on them.
 _WORKER_THREAD_PREFIX = "tf_XLAEigen"
 
@@ -144,6 +146,7 @@ def main(argv=None) -> list[OpTime]:
     ap.add_argument("--calls", type=int, default=3, help="profiled calls (after a warm-up call)")
     ap.add_argument("--top", type=int, default=15, help="op kinds printed")
     args = ap.parse_args(argv)
+    print(host_malloc())
     fn, title = train_program(args.seq) if args.program == "train" else decode_program()
     busy = cores_busy(fn, args.calls)
     ops, wall = profile(fn, args.calls)

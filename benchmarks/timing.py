@@ -6,6 +6,17 @@ from __future__ import annotations
 import time
 from typing import Callable, Mapping
 
+from sgs_jax.parallel.host_memory import configure_host_malloc
+
+
+def host_malloc() -> str:
+    """Set the host allocator as a run's entry point does (`parallel/host_memory.py`: on CPU,
+    freed memory kept for reuse) before JAX starts, and say so in a header line. It is
+    process-wide, so a benchmark's reference side (PyTorch) runs under it too."""
+    choice = configure_host_malloc()
+    how = "freed memory kept for reuse" if choice.kept else "the C library's defaults"
+    return f"host malloc: {how} ({choice.why}), for every side"
+
 
 def alternated_best(sides: Mapping[str, Callable[[], object]], repeats: int, calls: int = 1, warmup: int = 1) -> dict[str, float]:
     """Best wall seconds per call of each side's fn(), the sides timed in turn.

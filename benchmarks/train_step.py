@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import transformers
 
-from timing import alternated_best
+from timing import alternated_best, host_malloc
 
 from sgs_jax.models import load_hf, save_hf, tiny
 from sgs_jax.models.attention import AttentionMask, select_backend
@@ -193,6 +193,7 @@ def main(argv=None) -> None:
     ap.add_argument("--micro", type=int, default=4)
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)  # XLA's CPU client also uses every core
+    print(host_malloc())
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     reference_gflops = {seq: run(seq, args)[1] for seq in args.seq}
     rows = args.micro * max(args.seq)

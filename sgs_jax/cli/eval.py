@@ -27,6 +27,7 @@ from sgs_jax.cli.verify import parse_option_pairs
 from sgs_jax.config import ConfigError, load_config
 from sgs_jax.models.hf_io import CheckpointError
 from sgs_jax.models.tokenizer import TokenizerError, load_tokenizer
+from sgs_jax.parallel.host_memory import configure_host_malloc
 from sgs_jax.sgs.saved_roles import RunDirError, load_role, load_run_config
 from sgs_jax.sgs.target_set import TargetFileError
 
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        configure_host_malloc()  # before JAX starts its CPU client
         run(args)
     except (ConfigError, RunDirError, CheckpointError, CheckpointRestoreError, TokenizerError, TargetFileError, OSError, ValueError, TypeError) as err:
         print(f"sgs-eval: {err}", file=sys.stderr)

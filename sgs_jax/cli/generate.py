@@ -23,6 +23,7 @@ from typing import TextIO
 from sgs_jax.cli.jsonl_lines import OrderedWriter, open_output, read_lines
 from sgs_jax.models.hf_io import CheckpointError, load_hf
 from sgs_jax.models.tokenizer import TokenizerError, load_tokenizer
+from sgs_jax.parallel.host_memory import configure_host_malloc
 from sgs_jax.parallel.mesh import make_mesh
 from sgs_jax.sampling.params import SamplingParams
 from sgs_jax.sampling.sampler import Sampler
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace, progress: TextIO | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        configure_host_malloc()  # before JAX starts its CPU client
         run(args, None if args.no_progress else sys.stderr)
     except (TokenizerError, CheckpointError, OSError, ValueError) as err:
         print(f"sgs-generate: {err}", file=sys.stderr)

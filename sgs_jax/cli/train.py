@@ -75,6 +75,12 @@ def main(argv=None) -> int:
     if any(arg in ("-h", "--help", "-help") for arg in argv):
         print(usage())
         return 0
+    from sgs_jax.parallel.host_memory import configure_host_malloc
+
+    try:
+        configure_host_malloc()  # before JAX starts its CPU client (sgs_jax.parallel.host_memory)
+    except ValueError as err:
+        return _fail(str(err), 2)
     fv = flags.FlagValues()
     define_flags(fv)
     try:

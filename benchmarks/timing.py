@@ -10,9 +10,9 @@ from sgs_jax.parallel.host_memory import configure_host_malloc
 
 
 def host_malloc() -> str:
-    """Set the host allocator as a run's entry point does (`parallel/host_memory.py`: on CPU,
-    freed memory kept for reuse) before JAX starts, and say so in a header line. It is
-    process-wide, so a benchmark's reference side (PyTorch) runs under it too."""
+    """Set the host allocator as a run's entry point does ($SGS_HOST_MALLOC, default the C
+    library's own; `parallel/host_memory.py`) before JAX starts, and say so in a header
+    line. It is process-wide, so a benchmark's reference side (PyTorch) runs under it too."""
     choice = configure_host_malloc()
     how = "freed memory kept for reuse" if choice.kept else "the C library's defaults"
     return f"host malloc: {how} ({choice.why}), for every side"

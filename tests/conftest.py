@@ -8,10 +8,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from sgs_jax.parallel.host_memory import configure_host_malloc  # noqa: E402
-
-configure_host_malloc("keep")  # as a CPU run's entry point does, before JAX starts its threads
-
 import pathlib
 
 import pytest

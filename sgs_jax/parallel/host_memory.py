@@ -1,4 +1,4 @@
-"""The host allocator for CPU runs: memory this process frees is kept for its own reuse.
+"""The host allocator, for CPU runs that choose it: memory the process frees kept for its own reuse.
 
 XLA:CPU allocates each program call's temporary buffer afresh and frees it when the call
 ends: about 250 MB per optimiser step of `benchmarks/train_step.py` at 256 tokens, 1 GB at
@@ -9,23 +9,22 @@ kernel: measured on a 2-core host, 62k page faults and 0.12 s of kernel time per
 step at 256 tokens, 253k and 0.5 s at 1,024 (docs/training.md, "The scratch that was
 faulted in on every call").
 
-`configure_host_malloc` switches glibc (`mallopt`) to one arena, no mmapped blocks and no
+`SGS_HOST_MALLOC=keep` switches glibc (`mallopt`) to one arena, no mmapped blocks and no
 trimming: a freed block goes back to the heap and the next call's scratch reuses it, already
-mapped. The cost: freed memory is not returned to the operating system (the process keeps
-its high-water mark) and every thread allocates from one arena (one lock). That suits a CPU
-run, whose largest allocations are exactly these per-call buffers; an accelerator host
-allocates its big buffers on the device and is left alone.
+mapped (0 faults per step). It is a trade, so it is opt-in, per launch (a fact of the host,
+not of the run: it changes no result):
 
-It must run before JAX starts its CPU client: a thread keeps the arena it first allocated
-from, and XLA's worker threads are made with the client. The CLI entry points and the
-benchmarks call it first thing. `SGS_HOST_MALLOC` chooses, per launch (a fact of the
-host, not of the run; it changes no result):
+  system   (default) leave the allocator as the C library set it
+  keep     keep freed memory for reuse. Faster where the time goes to running programs:
+           the training benchmark's step 1.19x / 1.44x torch's at 256 / 1,024 tokens,
+           against 1.03x / 1.27x. Slower where it goes to compiling and to many threads
+           allocating at once, since they all share the one arena: `bash launch/local.sh
+           sgs` 85-89 s against 75-79 s, a compile-bound test file 64-72 s against 56-59 s.
+           The process also keeps its high-water mark (freed memory is not returned).
 
-  auto     (default) keep when JAX will run on CPU: `JAX_PLATFORMS` names cpu first, or is
-           unset on a host without accelerator device files (/dev/nvidiactl, /dev/kfd,
-           /dev/accel*, /dev/vfio/N)
-  keep     keep on any platform
-  system   leave the allocator as the C library set it
+It must be set before JAX starts its CPU client: a thread keeps the arena it first
+allocated from, and XLA's worker threads are made with the client. The CLI entry points
+and the benchmarks call `configure_host_malloc` first thing.
 """
 
 from __future__ import annotations
@@ -33,23 +32,19 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
-import glob
 import logging
 import os
 
 log = logging.getLogger(__name__)
 
 SETTING_ENV = "SGS_HOST_MALLOC"
-SETTINGS = ("auto", "keep", "system")
+SETTINGS = ("system", "keep")
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 _NEVER_TRIM = 2**31 - 1  # the largest value mallopt takes (an int): never give the heap's top back
-
-_ACCELERATOR_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/accel*", "/dev/vfio/[0-9]*")
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,23 +58,12 @@ class HostMallocChoice:
 _kept: HostMallocChoice | None = None  # what switched glibc, once it has been (there is no switching back)
 
 
-def runs_on_cpu(platforms: str | None, device_files: tuple[str, ...] | None = None) -> bool:
-    """Whether JAX will run on CPU, decided without starting a backend: `platforms` is
-    JAX's `jax_platforms` setting (comma-separated, first preferred; None or "" = unset),
-    `device_files` the host's accelerator device files (None = look them up)."""
-    if platforms:
-        return platforms.split(",")[0].strip().lower() == "cpu"
-    if device_files is None:
-        device_files = tuple(path for pattern in _ACCELERATOR_DEVICE_FILES for path in glob.glob(pattern))
-    return not device_files
-
-
 def configure_host_malloc(setting: str | None = None) -> HostMallocChoice:
     """Switch glibc to keep freed memory for reuse (one arena, no mmapped blocks, no
-    trimming) when `setting` (default: $SGS_HOST_MALLOC, else "auto") asks for it; see the
+    trimming) when `setting` (default: $SGS_HOST_MALLOC, else "system") is "keep"; see the
     module docstring. Call before JAX's first computation. Raises ValueError on an unknown
     setting; anything else (no glibc, JAX already started) is logged and left as it is."""
-    setting = (setting if setting is not None else os.environ.get(SETTING_ENV, "auto")).strip().lower() or "auto"
+    setting = (setting if setting is not None else os.environ.get(SETTING_ENV, "system")).strip().lower() or "system"
     if setting not in SETTINGS:
         raise ValueError(f"{SETTING_ENV} must be one of {SETTINGS}, got {setting!r}")
     global _kept
@@ -87,12 +71,6 @@ def configure_host_malloc(setting: str | None = None) -> HostMallocChoice:
         return _kept
     if setting == "system":
         return HostMallocChoice(False, f"{SETTING_ENV}=system")
-    if setting == "auto":
-        import jax
-
-        platforms = jax.config.jax_platforms
-        if not runs_on_cpu(platforms):
-            return HostMallocChoice(False, f"JAX will not run on CPU (JAX_PLATFORMS={platforms or 'unset'}, accelerator device files present)")
     from jax._src import xla_bridge
 
     if xla_bridge.backends_are_initialized():  # e.g. a CLI's main called in a process that has run JAX

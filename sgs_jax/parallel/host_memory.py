@@ -18,7 +18,7 @@ not of the run: it changes no result):
   keep     keep freed memory for reuse. Faster where the time goes to running programs:
            the training benchmark's step 1.19x / 1.44x torch's at 256 / 1,024 tokens,
            against 1.03x / 1.27x. Slower where it goes to compiling and to many threads
-           allocating at once, since they all share the one arena: `bash launch/local.sh
+           allocating at once (all sharing the one arena: the likely cause): `bash launch/local.sh
            sgs` 85-89 s against 75-79 s, a compile-bound test file 64-72 s against 56-59 s.
            The process also keeps its high-water mark (freed memory is not returned).
 

@@ -12,7 +12,7 @@ def fake_repl(tmp_path):
     """Fake REPL factory; fails the test if any process it started is still alive after."""
     fake = FakeRepl(tmp_path)
     yield fake
-    leaked = fake.alive()
+    leaked = fake.alive(grace_s=10.0)
     for pid in leaked:  # clean up before failing, so one leak does not spread
         try:
             os.kill(pid, 9)

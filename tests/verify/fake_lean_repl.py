@@ -25,7 +25,7 @@ Fault injection, by comment in the checked text: `-- fake:sleep=SECONDS`, `-- fa
 `-- fake:leak` (allocates until the address-space limit kills it), `-- fake:garbage`,
 `-- fake:repl_message` (a `{"message": ...}` failure). Flags: --delay (seconds per proof
 command), --import-delay, --crash-on-nth N (crash on this process's N-th proof
-command), --log FILE (JSON lines: start/import/proof events with pid).
+command), --log FILE (JSON lines: start/import/proof events with pid and start time).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def _read_commands(stream):
 def _act_out(kind: str) -> None:
     if kind == "hang":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        _log({"event": "child", "child_pid": child.pid})
+        _log({"event": "child", "child_pid": child.pid, "child_started": _start_ticks(child.pid)})
         time.sleep(600)
     elif kind == "crash":
         sys.stderr.write("INTERNAL PANIC: unreachable code has been reached\n")
@@ -196,10 +196,17 @@ def _act_out(kind: str) -> None:
 _LOG_PATH: str | None = None
 
 
+def _start_ticks(pid: int) -> int:
+    """When `pid` started (clock ticks since boot): with the pid, names the process even
+    after the pid is reused, so a leak check cannot mistake a newer process for it."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
 def _log(record: dict) -> None:
     if _LOG_PATH:
         with open(_LOG_PATH, "a", encoding="utf-8") as f:
-            f.write(json.dumps(dict(record, pid=os.getpid())) + "\n")
+            f.write(json.dumps(dict(record, pid=os.getpid(), started=_start_ticks(os.getpid()))) + "\n")
 
 
 def main(argv=None) -> None:

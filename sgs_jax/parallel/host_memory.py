@@ -22,9 +22,11 @@ not of the run: it changes no result):
            sgs` 85-89 s against 75-79 s, a compile-bound test file 64-72 s against 56-59 s.
            The process also keeps its high-water mark (freed memory is not returned).
 
-A lighter alternative needing no code: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` in the
+An alternative needing no code: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` in the
 environment (glibc 2.35+, transparent huge pages in `madvise` mode or `always`) faults the
-scratch in 2 MiB at a time, with the arenas left alone (docs/training.md).
+scratch in 2 MiB at a time, with the arenas left alone. It matched `keep` for one trainer
+alone in a process, but not inside the training benchmark, where one of its sides ran
+slower than under the system allocator (docs/training.md), so nothing here sets it.
 
 It must be set before JAX starts its CPU client: a thread keeps the arena it first
 allocated from, and XLA's worker threads are made with the client. The CLI entry points

@@ -1,10 +1,11 @@
 """Where the time goes: exclusive CPU thread time per XLA operation kind for one of the
 benchmarked programs, from a `jax.profiler` trace.
 
-    python benchmarks/op_profile.py [--program train|decode] [--seq 256] [--calls 3] [--top 15]
+    python benchmarks/op_profile.py [--program train|decode] [--seq 256] [--variant default] [--calls 3] [--top 15]
 
 train: the training benchmark's optimiser step (benchmarks/train_step.py: 8 sequences of
-seq/2 to seq tokens, micro-batches of 4), profiled over `--calls` steps. decode: the sampler
+seq/2 to seq tokens, micro-batches of 4, under `--variant`: that benchmark's default,
+dots, blockwise, packed or packed_dots settings), profiled over `--calls` steps. decode: the sampler
 benchmark's batch case (benchmarks/sampler.py: 64 rows x 128 new tokens), over `--calls`
 generate calls. Both are warmed up (compiled) first.
 
@@ -109,19 +110,23 @@ def profile(fn, calls: int) -> tuple[list[OpTime], float]:
         return exclusive_op_times(*read_trace(log_dir)), wall
 
 
-def train_program(seq: int):
-    """The training benchmark's optimiser step on its model and batch (warmed up)."""
-    from train_step import make_examples, model_config, train_config
+def train_program(seq: int, variant: str = "default"):
+    """The training benchmark's optimiser step on its model and batch (warmed up), under
+    one of its variants (benchmarks/train_step.py VARIANTS)."""
+    from train_step import VARIANTS, make_examples, model_config, train_config
 
     from sgs_jax.models.build import create_model
     from sgs_jax.rl.train_step import Trainer
 
-    config = model_config(seq)
-    trainer = Trainer(create_model(config, seed=0), train_config(seq, batch=8, micro=4))
+    if variant not in VARIANTS:
+        raise SystemExit(f"--variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    remat, attention, packed, *_ = VARIANTS[variant]
+    config = dataclasses.replace(model_config(seq), remat_policy=remat, attention=attention)
+    trainer = Trainer(create_model(config, seed=0), train_config(seq, batch=8, micro=4, packed=packed))
     examples = make_examples(8, seq, config.vocab_size)
     step = lambda: trainer.step(examples)  # noqa: E731  (step reads its metrics back: it blocks)
     step()
-    return step, f"training step, 8 seqs x {seq // 2}-{seq} tokens, micro-batches of 4"
+    return step, f"training step ({variant}), 8 seqs x {seq // 2}-{seq} tokens, micro-batches of 4 sequences' token budget"
 
 
 def decode_program():
@@ -143,11 +148,13 @@ def main(argv=None) -> list[OpTime]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--program", choices=("train", "decode"), default="train")
     ap.add_argument("--seq", type=int, default=256, help="train: longest sequence, tokens")
+    ap.add_argument("--variant", default="default",
+                    help="train: one of the training benchmark's settings (benchmarks/train_step.py VARIANTS)")
     ap.add_argument("--calls", type=int, default=3, help="profiled calls (after a warm-up call)")
     ap.add_argument("--top", type=int, default=15, help="op kinds printed")
     args = ap.parse_args(argv)
     print(host_malloc())
-    fn, title = train_program(args.seq) if args.program == "train" else decode_program()
+    fn, title = train_program(args.seq, args.variant) if args.program == "train" else decode_program()
     busy = cores_busy(fn, args.calls)
     ops, wall = profile(fn, args.calls)
     total = sum(op.thread_s for op in ops) or 1.0

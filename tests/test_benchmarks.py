@@ -78,9 +78,9 @@ def test_exclusive_op_times_subtract_nested_thunks_per_worker_thread():
 def test_op_profile_breaks_down_the_training_step(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    ops = _module("op_profile").main(["--program", "train", "--seq", "32", "--calls", "1", "--top", "5"])
+    ops = _module("op_profile").main(["--program", "train", "--seq", "32", "--variant", "packed_dots", "--calls", "1", "--top", "5"])
     out = capsys.readouterr().out
-    assert "training step, 8 seqs x 16-32 tokens" in out and "op kind" in out and "cores busy" in out
+    assert "training step (packed_dots), 8 seqs x 16-32 tokens" in out and "op kind" in out and "cores busy" in out
     assert ops and all(op.thread_s >= 0 for op in ops)
     assert any("dot" in op.kind or "fusion" in op.kind for op in ops)  # the matmuls were seen
 

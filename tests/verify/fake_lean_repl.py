@@ -38,6 +38,8 @@ import subprocess
 import sys
 import time
 
+from verify_test_support import start_ticks  # the script's own folder is on sys.path
+
 STANDARD_AXIOMS = ["propext", "Classical.choice", "Quot.sound"]
 _DECL_RE = re.compile(r"(?:theorem|lemma)\s+(\S+)")
 _AXIOMS_CMD_RE = re.compile(r"#print\s+axioms\s+(\S+)")
@@ -178,7 +180,7 @@ def _read_commands(stream):
 def _act_out(kind: str) -> None:
     if kind == "hang":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        _log({"event": "child", "child_pid": child.pid, "child_started": _start_ticks(child.pid)})
+        _log({"event": "child", "child_pid": child.pid, "child_started": start_ticks(child.pid)})
         time.sleep(600)
     elif kind == "crash":
         sys.stderr.write("INTERNAL PANIC: unreachable code has been reached\n")
@@ -196,17 +198,10 @@ def _act_out(kind: str) -> None:
 _LOG_PATH: str | None = None
 
 
-def _start_ticks(pid: int) -> int:
-    """When `pid` started (clock ticks since boot): with the pid, names the process even
-    after the pid is reused, so a leak check cannot mistake a newer process for it."""
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[19])
-
-
 def _log(record: dict) -> None:
     if _LOG_PATH:
         with open(_LOG_PATH, "a", encoding="utf-8") as f:
-            f.write(json.dumps(dict(record, pid=os.getpid(), started=_start_ticks(os.getpid()))) + "\n")
+            f.write(json.dumps(dict(record, pid=os.getpid(), started=start_ticks(os.getpid()))) + "\n")
 
 
 def main(argv=None) -> None:

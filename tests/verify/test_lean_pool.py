@@ -8,7 +8,7 @@ import pytest
 from sgs_jax.verify import make_backend
 from sgs_jax.verify.interface import Status, VerifyRequest
 from sgs_jax.verify.lean_pool import LeanPool
-from verify_test_support import D3K_HEADER, pid_alive
+from verify_test_support import D3K_HEADER, still_running
 
 STATEMENT = "theorem lean_workbook_1 (x y : ℝ) (h₀ : 0 < x ∧ 0 < y) : 0 < x * y + x ^ 2 := by"
 OTHER_HEADER = D3K_HEADER.replace("Rat", "Rat Complex")
@@ -96,10 +96,7 @@ def test_timeout_kills_group_and_next_proof_succeeds(fake_repl):
     assert hung.status is Status.TIMEOUT and 0.7 < hung.time_s < 3
     assert after.verified
     child = fake_repl.events("child")[0]["child_pid"]
-    deadline = time.monotonic() + 5
-    while pid_alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(child)
+    assert not still_running([child], grace_s=5)
     assert stats["by_status"]["timeout"] == 1 and stats["timeout_rate"] == pytest.approx(0.5)
     assert stats["repl_restarts"] == 1
     assert len(fake_repl.events("proof")) == 2  # a timeout is not retried
@@ -195,7 +192,4 @@ def test_close_kills_busy_repls_at_once(fake_repl):
         assert future.result(timeout=1).status is Status.SYSTEM_ERROR
     assert queued.cancelled() or queued.result(timeout=1).status is Status.SYSTEM_ERROR
     children = [e["child_pid"] for e in fake_repl.events("child")]
-    deadline = time.monotonic() + 5
-    while any(pid_alive(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(pid_alive(pid) for pid in children)
+    assert not still_running(children, grace_s=5)

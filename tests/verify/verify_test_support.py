@@ -6,6 +6,7 @@ import json
 import pathlib
 import sys
 import time
+from typing import Iterable
 
 FAKE_REPL = pathlib.Path(__file__).with_name("fake_lean_repl.py")
 D3K_HEADER = "import Mathlib\nimport Aesop\nset_option maxHeartbeats 0\nopen BigOperators Real Nat Topology Rat\n\n"
@@ -42,6 +43,19 @@ def pid_alive(pid: int, started: int | None = None) -> bool:
     return started is None or int(fields[19]) == started
 
 
+def still_running(processes: Iterable[int | tuple[int, int | None]], grace_s: float = 0.0) -> list[int]:
+    """The pids of `processes` (pids, or (pid, start ticks) pairs) still running after up to
+    `grace_s` seconds: a process sent SIGKILL is gone only once the kernel has run its exit,
+    which on a loaded host can lag the kill by more than a test's last few lines."""
+    pairs = [p if isinstance(p, tuple) else (p, None) for p in processes]
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = sorted(pid for pid, started in pairs if pid_alive(pid, started))
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
 class FakeRepl:
     """Builds fake-REPL command lines that log to one file, and checks for leaks."""
 
@@ -54,11 +68,6 @@ class FakeRepl:
     def events(self, kind: str | None = None) -> list[dict]:
         return [e for e in read_log(self.log) if kind is None or e["event"] == kind]
 
-    def pids(self) -> set[int]:
-        pids = {e["pid"] for e in self.events()}
-        pids |= {e["child_pid"] for e in self.events("child")}
-        return pids
-
     def _processes(self) -> set[tuple[int, int | None]]:
         """(pid, start ticks) of every process the fake REPLs logged."""
         procs = {(e["pid"], e.get("started")) for e in self.events()}
@@ -66,12 +75,5 @@ class FakeRepl:
         return procs
 
     def alive(self, grace_s: float = 0.0) -> list[int]:
-        """Logged processes still running after up to `grace_s` seconds: a process that
-        was sent SIGKILL is gone only once the kernel has run its exit, which on a loaded
-        host can lag the kill by more than a test's last few lines."""
-        deadline = time.monotonic() + grace_s
-        while True:
-            alive = sorted(pid for pid, started in self._processes() if pid_alive(pid, started))
-            if not alive or time.monotonic() >= deadline:
-                return alive
-            time.sleep(0.05)
+        """Logged processes still running after up to `grace_s` seconds (`still_running`)."""
+        return still_running(self._processes(), grace_s)

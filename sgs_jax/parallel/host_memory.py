@@ -28,6 +28,11 @@ scratch in 2 MiB at a time, with the arenas left alone. It matched `keep` for on
 alone in a process, but not inside the training benchmark, where one of its sides ran
 slower than under the system allocator (docs/training.md), so nothing here sets it.
 
+Programs run on the calling thread (`jax_cpu_enable_async_dispatch=False`) with mmap and
+trimming off would also stop the faults without the one arena, as fast for training, but
+the sampler then loses its overlap of host and device (5-12% slower; docs/training.md), so
+it is not offered.
+
 It must be set before JAX starts its CPU client: a thread keeps the arena it first
 allocated from, and XLA's worker threads are made with the client. The CLI entry points
 and the benchmarks call `configure_host_malloc` first thing.

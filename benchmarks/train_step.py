@@ -166,23 +166,22 @@ def run(seq: int, args) -> float:
           f"best of {args.repeats} x {args.steps} steps")
     flops = model_flops(config, examples)
     print(f"{'implementation':<48}{'s/step':>10}{'tokens/s':>12}{'model GFLOP/s':>15}{'padding':>9}")
+    # Token slots (padding included) of each side's micro-batches.
+    slots = {name: [b.input_ids.size for b in trainer.micro_batches(examples)] for name, trainer in trainers.items()}
+    slots["torch"] = torch_slots(examples, args.micro)
     # (label, seconds, token slots with padding) per line.
-    rows = [(VARIANTS[name][3], best[name], sum(b.input_ids.size for b in trainers[name].micro_batches(examples))) for name in VARIANTS]
-    for label, seconds, held in rows + [("transformers + torch.optim.Adam", ref_s, sum(torch_slots(examples, args.micro)))]:
+    rows = [(VARIANTS[name][3], best[name], sum(slots[name])) for name in VARIANTS]
+    for label, seconds, held in rows + [("transformers + torch.optim.Adam", ref_s, sum(slots["torch"]))]:
         print(f"{label:<48}{seconds:>10.3f}{tokens / seconds:>12.0f}{flops / seconds / 1e9:>15.1f}{1 - tokens / held:>9.0%}")
     others = "; ".join(f"{VARIANTS[name][4]}: {ref_s / best[name]:.2f}" for name in VARIANTS if name != "default")
     print(f"ratio (ours / reference tokens/s): {ref_s / best['default']:.2f}; {others} (default attention here: {attention})")
 
     # The floor under each step: its projection matmuls alone, at its own micro-batches'
     # shapes (the packed variants share theirs, as do the unpacked ones).
-    slots = {"default": [b.input_ids.size for b in trainers["default"].micro_batches(examples)],
-             "packed_dots": [b.input_ids.size for b in trainers["packed_dots"].micro_batches(examples)],
-             "torch": torch_slots(examples, args.micro)}
-    floor = matmul_floor(config, slots, args.repeats)
-    steps = {"default": best["default"], "packed_dots": best["packed_dots"], "torch": ref_s}
     labels = {"default": "ours (defaults)", "packed_dots": "ours (packed rows, dots)", "torch": "torch"}
+    floor = matmul_floor(config, {side: slots[side] for side in labels}, args.repeats)
     print("the step's projection matmuls alone (forward, input and weight gradients; each side's micro-batch shapes): "
-          + ", ".join(f"{labels[k]} {floor[k] * 1e3:.0f} ms (the step {steps[k] / floor[k]:.2f}x that)" for k in floor))
+          + ", ".join(f"{labels[k]} {floor[k] * 1e3:.0f} ms (the step {best[k] / floor[k]:.2f}x that)" for k in floor))
     target = ref_s / 1.5
     print(f"1.5x the reference needs our step at most {target * 1e3:.0f} ms: "
           f"{target / floor['default']:.2f}x its matmuls (defaults), {target / floor['packed_dots']:.2f}x (packed rows, dots)")
@@ -219,11 +218,11 @@ def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> dict[str,
     for side, counts in slots.items():
         for tokens in counts:
             for k, n, count in projection_shapes(config):
-                x, w, dy = (rng.standard_normal(shape, np.float32) for shape in ((tokens, k), (k, n), (tokens, n)))
                 key = (side, tokens, k, n)
                 uses[key] += count
                 if key in calls:
                     continue
+                x, w, dy = (rng.standard_normal(shape, np.float32) for shape in ((tokens, k), (k, n), (tokens, n)))
                 if side == "torch":
                     tx, tw, tdy = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T)), torch.from_numpy(dy)
                     calls[key] = functools.partial(lambda x, w, dy: (x @ w.T, dy @ w, dy.T @ x), tx, tw, tdy)
@@ -231,8 +230,8 @@ def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> dict[str,
                     jx, jw, jdy = jax.device_put(x), jax.device_put(w), jax.device_put(dy)
                     calls[key] = functools.partial(lambda x, w, dy: jax.block_until_ready((fwd(x, w), fwd_bwd(x, w, dy))), jx, jw, jdy)
     best = {}
-    for library in (lambda side: side != "torch", lambda side: side == "torch"):
-        best.update(alternated_best({key: fn for key, fn in calls.items() if library(key[0])}, repeats, calls=5))
+    for torch_side in (False, True):
+        best.update(alternated_best({key: fn for key, fn in calls.items() if (key[0] == "torch") == torch_side}, repeats, calls=5))
     floor = dict.fromkeys(slots, 0.0)
     for key, count in uses.items():
         floor[key[0]] += count * best[key]

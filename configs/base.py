@@ -1,6 +1,8 @@
 """Defaults of every setting; experiment files override a few and add presets.
 
-Each field has a one-line meaning. Presets:
+Each field has a one-line meaning. A field added later must default to the behaviour the
+code had without it: a run recorded before it existed resumes only where it holds this
+default (`sgs_jax.config.config_diff`). Presets:
   testbed  the embedded propositional domain, the packaged tiny models, CPU, minutes (the README's main job)
   paper    DeepSeek-Prover-V2-7B on D3k with the Lean backend, the paper's constants
 """

@@ -385,15 +385,31 @@ class FieldChange:
         return f"{self.field}: recorded {self.recorded!r}, now {self.new!r}"
 
 
+def base_defaults() -> dict[str, Any]:
+    """{dotted field: default} of every setting (`configs/base.py`'s `get_config()`)."""
+    from configs import base  # the package's own defaults; imported late (configs imports nothing from here)
+
+    return flatten(_plain(base.get_config()))
+
+
 def config_diff(recorded: Mapping, cfg: ConfigDict | Mapping) -> list[FieldChange]:
     """Every field whose value differs between a recorded config and `cfg` (sorted;
-    `run.workdir` is not compared)."""
+    `run.workdir` is not compared).
+
+    A field the recorded config lacks (one added to the code since the run began) counts
+    as unchanged when `cfg` holds its default (`base_defaults`): a new setting's default
+    keeps the behaviour the code had before it (the rule for adding one,
+    docs/architecture.md), so the run is the same run. At any other value it is a change.
+    """
     old, new = flatten(_plain(recorded)), flatten(_plain(cfg))
+    defaults = base_defaults() if set(new) - set(old) else {}
     changes = []
     for name in sorted(set(old) | set(new)):
         if name in _NOT_COMPARED:
             continue
         a, b = old.get(name, _ABSENT), new.get(name, _ABSENT)
+        if name not in old and name in defaults and b == defaults[name]:
+            continue
         if a != b:
             changes.append(FieldChange(name, a, b))
     return changes

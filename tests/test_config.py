@@ -205,6 +205,18 @@ def test_allowed_changes_are_recorded_not_silent(tmp_path):
     assert check_resume(tmp_path, longer) == []
 
 
+def test_a_setting_added_since_the_run_began_resumes_only_at_its_default(tmp_path):
+    record_config(load_config(TESTBED), tmp_path)
+    recorded = json.load(open(tmp_path / "config.json"))
+    del recorded["solver_train"]["pack_length"]  # as if recorded by code older than these settings
+    del recorded["model"]["attention"]
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    assert check_resume(tmp_path, load_config(TESTBED)) == []  # both hold their defaults (0, "auto")
+    with pytest.raises(ConfigError, match="solver_train.pack_length: recorded '<absent>', now 1024") as err:
+        check_resume(tmp_path, load_config(TESTBED, ["--config.solver_train.pack_length=1024"]))
+    assert "1 fields differ" in str(err.value)
+
+
 def test_only_safe_fields_may_be_allowed(tmp_path):
     record_config(load_config(TESTBED), tmp_path)
     with pytest.raises(ConfigError, match="solver_train.lr cannot change on resume"):
@@ -219,10 +231,10 @@ def test_unreadable_recorded_config_is_an_error(tmp_path):
 
 
 def test_config_diff_sees_added_and_removed_fields():
-    cfg = load_config(TESTBED)
+    cfg = load_config(TESTBED, ["--config.run.log_examples=7"])
     recorded = cfg.to_dict()
     recorded["solver_train"]["epochs"] = 1  # a setting that no longer exists
-    del recorded["run"]["log_examples"]  # one that did not exist yet
+    del recorded["run"]["log_examples"]  # one that did not exist yet, now away from its default (4)
     fields = {c.field: c for c in config_diff(recorded, cfg)}
     assert set(fields) == {"solver_train.epochs", "run.log_examples"}
     assert fields["solver_train.epochs"].new == "<absent>" and fields["run.log_examples"].recorded == "<absent>"

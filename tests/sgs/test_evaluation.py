@@ -97,7 +97,7 @@ def test_eval_packaged_base_model(tmp_path, capsys):
     rows, summary = _read(tmp_path / "a")
     assert [r["id"] for r in rows] == [f"prop_{i:04d}" for i in range(8)]
     _check_consistent(rows, summary, 4)
-    # The packaged base proves some of the first targets (README: pass@8 on 19/96), not all.
+    # The packaged base proves some of the first targets (README: 11 of 96 at pass@8), not all.
     assert 0 < summary["solved"] < 8
     # Same seed, same samples: the evaluation is reproducible.
     assert eval_cli.main(args + ["--out", str(tmp_path / "b")]) == 0

@@ -22,7 +22,9 @@ Under each table, the step's floor: its projection matmuls (forward, input and w
 gradients of every layer's projections and the LM head) timed alone at each side's own
 micro-batch shapes, for our defaults, our packed rows with dots, and PyTorch, each step's
 time as a multiple of it, and how close to its floor our step must come for 1.5x the
-reference (`matmul_floor`).
+reference (`matmul_floor`); then the same matmuls' FLOPs at the best rate any one timed
+projection reached, and what that leaves of a step at 1.5x the reference for everything
+else.
 
     python benchmarks/train_step.py [--seq 256 1024] [--steps 3] [--repeats 3] [--batch 8] [--micro 4]
 """
@@ -134,11 +136,15 @@ def model_flops(config, examples) -> float:
     attention's score and value products, forward and backward (3x the forward's
     2 x T(T+1) x heads x head_dim per layer)."""
     c = config
-    per_layer = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads + c.num_heads) * c.head_dim + 3 * c.hidden_size * c.intermediate_size
-    matmul_params = c.num_layers * per_layer + c.hidden_size * c.vocab_size
     tokens = sum(e.num_inputs for e in examples)
     attention = sum(6 * e.num_inputs * (e.num_inputs + 1) * c.num_heads * c.head_dim * c.num_layers for e in examples)
-    return 6.0 * matmul_params * tokens + attention
+    return 6.0 * matmul_parameters(config) * tokens + attention
+
+
+def matmul_parameters(config) -> int:
+    """Weights that take part in a matmul per token: every projection of every layer and
+    the LM head (`projection_shapes`)."""
+    return sum(k * n * count for k, n, count in projection_shapes(config))
 
 
 def run(seq: int, args) -> float:
@@ -179,12 +185,20 @@ def run(seq: int, args) -> float:
     # The floor under each step: its projection matmuls alone, at its own micro-batches'
     # shapes (the packed variants share theirs, as do the unpacked ones).
     labels = {"default": "ours (defaults)", "packed_dots": "ours (packed rows, dots)", "torch": "torch"}
-    floor = matmul_floor(config, {side: slots[side] for side in labels}, args.repeats)
+    floor, peak = matmul_floor(config, {side: slots[side] for side in labels}, args.repeats)
     print("the step's projection matmuls alone (forward, input and weight gradients; each side's micro-batch shapes): "
           + ", ".join(f"{labels[k]} {floor[k] * 1e3:.0f} ms (the step {best[k] / floor[k]:.2f}x that)" for k in floor))
     target = ref_s / 1.5
     print(f"1.5x the reference needs our step at most {target * 1e3:.0f} ms: "
           f"{target / floor['default']:.2f}x its matmuls (defaults), {target / floor['packed_dots']:.2f}x (packed rows, dots)")
+    # The same bound from FLOPs: a step's projection matmuls (6 x matmul parameters per
+    # token slot) at the best rate any one timed projection (forward and both gradients)
+    # reached, either library.
+    at_peak = {k: 6 * matmul_parameters(config) * sum(slots[k]) / peak for k in ("default", "packed_dots")}
+    print(f"at the best matmul rate of this run ({peak / 1e9:.0f} GFLOP/s) those matmuls alone take "
+          f"{at_peak['default'] * 1e3:.0f} ms (defaults) and {at_peak['packed_dots'] * 1e3:.0f} ms (packed rows, dots): "
+          f"1.5x the reference leaves {(target - at_peak['default']) * 1e3:.0f} / {(target - at_peak['packed_dots']) * 1e3:.0f} ms "
+          f"for attention, the loss, Adam and everything else")
     return ref_s / best["default"]
 
 
@@ -200,8 +214,10 @@ def projection_shapes(config) -> list[tuple[int, int, int]]:
     return [(k, n, count) for (k, n), count in shapes.items()]
 
 
-def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> dict[str, float]:
-    """Seconds one optimiser step spends in its projection matmuls alone, per side.
+def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dict[str, float], float]:
+    """Seconds one optimiser step spends in its projection matmuls alone, per side, and
+    the best rate (FLOP/s) any one timed projection reached (its forward, input and
+    weight gradients together).
 
     slots: {side: token slots (padding included) of each of its micro-batches}; a side
     named "torch" runs PyTorch's matmuls (forward x @ W^T, then dy @ W and dy^T @ x, as
@@ -235,7 +251,8 @@ def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> dict[str,
     floor = dict.fromkeys(slots, 0.0)
     for key, count in uses.items():
         floor[key[0]] += count * best[key]
-    return floor
+    peak = max(6 * tokens * k * n / best[(side, tokens, k, n)] for side, tokens, k, n in calls)
+    return floor, peak
 
 
 def main(argv=None) -> None:

@@ -49,6 +49,7 @@ def test_train_step_benchmark_runs_both_sides(capsys):
     assert "sgs_jax Trainer (JAX, jitted; defaults)" in out and "transformers + torch.optim.Adam" in out
     assert "ratio (ours / reference tokens/s):" in out
     assert "projection matmuls alone" in out and "1.5x the reference needs our step at most" in out
+    assert "at the best matmul rate of this run" in out and "for attention, the loss, Adam and everything else" in out
     assert "the same, remat_policy=dots" in out and "with remat_policy=dots:" in out
     assert "the same, attention=blockwise" in out and "with attention=blockwise:" in out
     assert "the same, packed rows" in out and "packed:" in out

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 from absl import flags
 from ml_collections import ConfigDict, config_dict, config_flags
 
+from configs.base import get_config as base_config
 from sgs_jax import jsonl
 
 _CHOICES = {
@@ -387,9 +388,7 @@ class FieldChange:
 
 def base_defaults() -> dict[str, Any]:
     """{dotted field: default} of every setting (`configs/base.py`'s `get_config()`)."""
-    from configs import base  # the package's own defaults; imported late (configs imports nothing from here)
-
-    return flatten(_plain(base.get_config()))
+    return flatten(_plain(base_config()))
 
 
 def config_diff(recorded: Mapping, cfg: ConfigDict | Mapping) -> list[FieldChange]:
@@ -399,7 +398,7 @@ def config_diff(recorded: Mapping, cfg: ConfigDict | Mapping) -> list[FieldChang
     A field the recorded config lacks (one added to the code since the run began) counts
     as unchanged when `cfg` holds its default (`base_defaults`): a new setting's default
     keeps the behaviour the code had before it (the rule for adding one,
-    docs/architecture.md), so the run is the same run. At any other value it is a change.
+    configs/base.py), so the run is the same run. At any other value it is a change.
     """
     old, new = flatten(_plain(recorded)), flatten(_plain(cfg))
     defaults = base_defaults() if set(new) - set(old) else {}

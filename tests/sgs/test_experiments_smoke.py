@@ -52,26 +52,30 @@ def test_findings_smoke(tmp_path, random_checkpoints, capsys):
 @pytest.mark.slow
 def test_stopped_experiment_continues_with_the_same_command(tmp_path, random_checkpoints):
     """SIGTERM to the runner stops its runs (exit 130, one line saying how to resume); the
-    same command then resumes each run from its checkpoint and finishes it."""
+    same command then resumes each run from its checkpoint and finishes it. The runner is
+    signalled within 20 ms of the second iteration's checkpoint and the run stops after the
+    iteration it is in. A tiny iteration takes a few tenths of a second (with 4 iterations
+    and 0.5 s polling the run sometimes ended first), so 8 leave over a second of margin."""
+    iterations = 8
     tiny = [item for item in small_run_overrides(random_checkpoints, tmp_path) if not item.startswith("--config.run.workdir=")]
     command = [sys.executable, "-m", "sgs_jax.cli.experiments", FINDINGS, "--root", str(tmp_path / "runs"),
-               "--only", "rl_baseline", "--seeds", "1", "--config.run.iterations=4", *tiny]
+               "--only", "rl_baseline", "--seeds", "1", f"--config.run.iterations={iterations}", *tiny]
     run = tmp_path / "runs" / "findings" / "rl_baseline_seed1"
     env = {**os.environ, "PYTHONPATH": ROOT}
     runner = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
     deadline = time.monotonic() + 300
     while completed_iterations(run) < 2 and time.monotonic() < deadline and runner.poll() is None:
-        time.sleep(0.5)
+        time.sleep(0.02)
     assert runner.poll() is None, runner.stdout.read()
     runner.send_signal(signal.SIGTERM)
     out, _ = runner.communicate(timeout=120)
     assert runner.returncode == 130, out
     assert "stopping: 1 running runs get SIGTERM; rerun the same command to resume them" in out
     stopped_at = completed_iterations(run)
-    assert 2 <= stopped_at < 4
+    assert 2 <= stopped_at < iterations
 
     finished = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert f"start rl_baseline_seed1 (resuming after iteration {stopped_at})" in finished.stdout
     steps = {json.loads(line)["step"] for line in open(run / "metrics.jsonl") if '"scalars"' in line}
-    assert steps == {0, 1, 2, 3, 4}
+    assert steps == set(range(iterations + 1))

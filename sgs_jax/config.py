@@ -391,6 +391,22 @@ def base_defaults() -> dict[str, Any]:
     return flatten(_plain(base_config()))
 
 
+def with_defaults(recorded: Mapping) -> dict:
+    """A recorded config with every setting it lacks (one added to the code since the run
+    began) at its default (`base_defaults`), so code that reads the new setting gets the
+    behaviour the run had. Fields the code no longer has are kept as recorded."""
+    out = _plain(recorded)
+    for name, value in base_defaults().items():
+        node, *path = out, *name.split(".")
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            node.setdefault(path[-1], value)
+    return out
+
+
 def config_diff(recorded: Mapping, cfg: ConfigDict | Mapping) -> list[FieldChange]:
     """Every field whose value differs between a recorded config and `cfg` (sorted;
     `run.workdir` is not compared).

@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from sgs_jax.checkpoint import RunCheckpointer
+from sgs_jax.config import with_defaults
 from sgs_jax.faults import fault_point
 from sgs_jax.models import Llama, ModelConfig, abstract_model
 from sgs_jax.models.hf_io import _resolve_checkpoint_dir
@@ -49,15 +50,19 @@ class RunDirError(ValueError):
 
 
 def load_run_config(run_dir: str | os.PathLike) -> ConfigDict:
-    """The resolved config a run wrote to `run_dir/config.json`."""
+    """The resolved config a run wrote to `run_dir/config.json`, with the settings added to
+    the code since then at their defaults (`config.with_defaults`)."""
     path = os.path.join(os.fspath(run_dir), "config.json")
     try:
         with open(path, encoding="utf-8") as f:
-            return ConfigDict(json.load(f))
+            recorded = json.load(f)
     except FileNotFoundError:
         raise RunDirError(f"{os.fspath(run_dir)!r} is not a run directory: it has no config.json") from None
     except (OSError, json.JSONDecodeError) as err:
         raise RunDirError(f"cannot read {path}: {err}") from err
+    if not isinstance(recorded, dict):
+        raise RunDirError(f"{path} holds a JSON {type(recorded).__name__}, not a run's config")
+    return ConfigDict(with_defaults(recorded))
 
 
 def saved_iterations(run_dir: str | os.PathLike) -> list[int]:

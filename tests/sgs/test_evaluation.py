@@ -190,3 +190,21 @@ def test_checkpoint_item_of_each_experiment(experiment, item):
     cfg.model.parameter_sharing = True
     if item == "conjecturer":
         assert checkpoint_item(cfg, "conjecturer") == "solver"
+
+
+def test_run_config_of_an_older_run_gets_the_settings_added_since_at_their_defaults(tmp_path):
+    from sgs_jax.config import load_config, record_config
+    from sgs_jax.sgs.saved_roles import load_run_config
+    from tests.sgs.run_support import CONFIGS
+
+    record_config(load_config(str(CONFIGS / "sgs.py:testbed"), ["--config.sgs.proofs_per_problem=4"]), tmp_path)
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    del recorded["model"]["attention"]  # as written by code older than the setting
+    recorded["solver_train"]["epochs"] = 2  # a setting the code no longer has
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    cfg = load_run_config(tmp_path)
+    assert cfg.model.attention == "auto"  # the default: the behaviour the run had
+    assert cfg.sgs.proofs_per_problem == 4 and cfg.solver_train.epochs == 2  # recorded values kept
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(RunDirError, match="not a run's config"):
+        load_run_config(tmp_path)

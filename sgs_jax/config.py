@@ -412,21 +412,17 @@ def config_diff(recorded: Mapping, cfg: ConfigDict | Mapping) -> list[FieldChang
     `run.workdir` is not compared).
 
     A field the recorded config lacks (one added to the code since the run began) counts
-    as unchanged when `cfg` holds its default (`base_defaults`): a new setting's default
+    as unchanged when `cfg` holds its default (`with_defaults`): a new setting's default
     keeps the behaviour the code had before it (the rule for adding one,
     configs/base.py), so the run is the same run. At any other value it is a change.
     """
     old, new = flatten(_plain(recorded)), flatten(_plain(cfg))
-    defaults = base_defaults() if set(new) - set(old) else {}
+    as_run = flatten(with_defaults(recorded)) if set(new) - set(old) else old
     changes = []
     for name in sorted(set(old) | set(new)):
-        if name in _NOT_COMPARED:
+        if name in _NOT_COMPARED or as_run.get(name, _ABSENT) == new.get(name, _ABSENT):
             continue
-        a, b = old.get(name, _ABSENT), new.get(name, _ABSENT)
-        if name not in old and name in defaults and b == defaults[name]:
-            continue
-        if a != b:
-            changes.append(FieldChange(name, a, b))
+        changes.append(FieldChange(name, old.get(name, _ABSENT), new.get(name, _ABSENT)))
     return changes
 
 

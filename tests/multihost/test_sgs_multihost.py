@@ -179,8 +179,13 @@ def test_split_placement_two_processes_equal_one(tmp_path, split):
     """`roles.placement=split` (each role's sub-mesh takes the same number of devices from
     every process; the Solver trains in a worker thread while the Guide samples, and a
     Conjecturer with devices of its own trains in another beside it) as 2 processes x 4
-    devices equals 1 process x 8: metrics exactly (every sub-mesh has the same devices in
-    both, so even the reductions agree; measured), side files exactly."""
+    devices equals 1 process x 8: side files and every metric exactly but the Trainer's
+    floats, which agree within 1e-5 (`_compare_metrics`). A sub-mesh spanning both processes
+    reduces over Gloo, in another order than XLA's in-process reduction: exact agreement
+    held only by luck of the values until the native kernels' rounding changed (built
+    without -ffast-math, 2026-12-05); since then the three-way split's Solver gradient norm
+    differs in its last bits (2.3966956 vs 2.3966954), every other metric still exactly
+    equal (Adam's update barely depends on the clipping scale)."""
     flags = SPLITS[split]
     cache = tmp_path / "compile_cache"
     single, double = tmp_path / "single", tmp_path / "double"
@@ -191,7 +196,7 @@ def test_split_placement_two_processes_equal_one(tmp_path, split):
                                *_flags(double, cache), *flags], capture_output=True, text=True, timeout=900,
                               env={**process_env(4), "PYTHON": sys.executable}, cwd=ROOT)
     assert launcher.returncode == 0, launcher.stderr[-2000:] + log_tail(double / "logs")
-    _compare_metrics(single, double, exact=True)
+    _compare_metrics(single, double, exact=False)
     _side_files_equal(single, double)
     if split == "three_ways":
         steps = [r.get("scalars", {}).get("conjecturer/optimizer_steps", 0) for r in _records(double)]

@@ -451,7 +451,8 @@ def check_resume(directory: str | os.PathLike, cfg: ConfigDict, allow: Sequence[
         hint = (f"allow it with --allow-config-change {','.join(c.field for c in refused)}"
                 if all(c.field in SAFE_ON_RESUME for c in refused)
                 else "use a new run directory to run a different config")
-        raise ConfigError(f"{directory} holds a run with a different config ({len(refused)} fields differ):\n{lines}\n{hint}")
+        count = f"{len(refused)} fields differ" if len(refused) > 1 else "1 field differs"
+        raise ConfigError(f"{directory} holds a run with a different config ({count}):\n{lines}\n{hint}")
     return changes
 
 

@@ -214,7 +214,7 @@ def test_a_setting_added_since_the_run_began_resumes_only_at_its_default(tmp_pat
     assert check_resume(tmp_path, load_config(TESTBED)) == []  # both hold their defaults (0, "auto")
     with pytest.raises(ConfigError, match="solver_train.pack_length: recorded '<absent>', now 1024") as err:
         check_resume(tmp_path, load_config(TESTBED, ["--config.solver_train.pack_length=1024"]))
-    assert "1 fields differ" in str(err.value)
+    assert "(1 field differs)" in str(err.value)
 
 
 def test_only_safe_fields_may_be_allowed(tmp_path):

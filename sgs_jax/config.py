@@ -386,24 +386,21 @@ class FieldChange:
         return f"{self.field}: recorded {self.recorded!r}, now {self.new!r}"
 
 
-def base_defaults() -> dict[str, Any]:
-    """{dotted field: default} of every setting (`configs/base.py`'s `get_config()`)."""
-    return flatten(_plain(base_config()))
-
-
 def with_defaults(recorded: Mapping) -> dict:
     """A recorded config with every setting it lacks (one added to the code since the run
-    began) at its default (`base_defaults`), so code that reads the new setting gets the
-    behaviour the run had. Fields the code no longer has are kept as recorded."""
-    out = _plain(recorded)
-    for name, value in base_defaults().items():
-        node, *path = out, *name.split(".")
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                break
-        else:
-            node.setdefault(path[-1], value)
+    began) at its default from `configs/base.py`, so code that reads the new setting gets
+    the behaviour the run had. Fields the code no longer has are kept as recorded."""
+    return _fill(_plain(recorded), _plain(base_config()))
+
+
+def _fill(recorded: dict, defaults: dict) -> dict:
+    """`recorded` with the keys only `defaults` has added, nested mappings filled alike."""
+    out = dict(recorded)
+    for key, default in defaults.items():
+        if key not in out:
+            out[key] = default
+        elif isinstance(out[key], dict) and isinstance(default, dict):
+            out[key] = _fill(out[key], default)
     return out
 
 
@@ -416,8 +413,7 @@ def config_diff(recorded: Mapping, cfg: ConfigDict | Mapping) -> list[FieldChang
     keeps the behaviour the code had before it (the rule for adding one,
     configs/base.py), so the run is the same run. At any other value it is a change.
     """
-    old, new = flatten(_plain(recorded)), flatten(_plain(cfg))
-    as_run = flatten(with_defaults(recorded)) if set(new) - set(old) else old
+    old, new, as_run = flatten(_plain(recorded)), flatten(_plain(cfg)), flatten(with_defaults(recorded))
     changes = []
     for name in sorted(set(old) | set(new)):
         if name in _NOT_COMPARED or as_run.get(name, _ABSENT) == new.get(name, _ABSENT):

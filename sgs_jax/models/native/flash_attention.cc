@@ -41,7 +41,18 @@ namespace {
 constexpr int64_t kTile = 64;  // query and key rows per tile
 constexpr float kMasked = -1e30f;
 
-typedef float Vec __attribute__((vector_size(64)));  // 16 floats (two AVX2 registers without AVX-512)
+// One vector register of floats: 16 with AVX-512, else 8 (AVX2; without AVX the compiler
+// splits it in two). The tile products below are register-blocked for the register file
+// of the target: 32 vector registers with AVX-512, 16 without. (Blocked for 32 registers,
+// an AVX2 build spilled its accumulators on every FMA and ran 3x slower than XLA's
+// blockwise attention.)
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+#else
+constexpr int64_t kLanes = 8;
+#endif
+typedef float Vec __attribute__((vector_size(4 * kLanes)));
+constexpr int64_t kTileVecs = kTile / kLanes;  // vectors per 64-float tile row
 
 inline Vec Load(const float* p) {
   Vec v;
@@ -50,11 +61,13 @@ inline Vec Load(const float* p) {
 }
 inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
 // Load, kept in a register: a value reused by several FMAs is otherwise folded into each
-// of them as a memory operand, one load per FMA. (With AVX-512 a Vec is one register.)
+// of them as a memory operand, one load per FMA.
 inline Vec LoadOnce(const float* p) {
   Vec v = Load(p);
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
   asm("" : "+v"(v));
+#elif defined(__AVX__)
+  asm("" : "+x"(v));
 #endif
   return v;
 }
@@ -62,16 +75,16 @@ inline Vec LoadOnce(const float* p) {
 // broadcasts; `Vec{} + x` is not, for x = -0, and kept a scalar add before each broadcast.)
 inline Vec Splat(float x) { return x - Vec{}; }
 
-// max(init, x[0], ..., x[63]): lane-wise over the four vectors, then across the lanes. (A
+// max(init, x[0], ..., x[63]): lane-wise over the row's vectors, then across the lanes. (A
 // scalar loop, which GCC would not vectorise here even under `omp simd reduction(max)`.)
 inline float RowMax(const float* x, float init) {
   Vec m = Load(x);
-  for (int j = 1; j < 4; ++j) {
-    const Vec v = Load(x + 16 * j);
+  for (int64_t j = 1; j < kTileVecs; ++j) {
+    const Vec v = Load(x + kLanes * j);
     m = m > v ? m : v;
   }
   float out = init;
-  for (int i = 0; i < 16; ++i) out = std::max(out, m[i]);
+  for (int64_t i = 0; i < kLanes; ++i) out = std::max(out, m[i]);
   return out;
 }
 
@@ -105,55 +118,67 @@ void TransposeTiles(const float* rows, int64_t length, int64_t dim, float* cols)
   }
 }
 
-// s[64, 64] = a[64, D] . bt (bt: one [D, 64] block of `TransposeTiles`): four query rows
-// at a time against the 64 keys (16 accumulators).
+// TileScores' register block: kScoreRows query rows x kScoreVecs vectors of keys (with
+// AVX-512 all 64 keys: 16 accumulators and 4 key vectors; else 16 keys: 8 and 2).
+constexpr int kScoreRows = 4;
+constexpr int kScoreVecs = kLanes == 16 ? 4 : 2;
+
+// s[64, 64] = a[64, D] . bt (bt: one [D, 64] block of `TransposeTiles`), a register block
+// at a time. Every score sums over d in order, whatever the blocking.
 template <int DV>
 void TileScores(const float* a, const float* bt, float* s) {
   constexpr int64_t D = 16 * DV;
-  for (int64_t r = 0; r < kTile; r += 4) {
-    Vec acc[4][4] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const float* row = bt + d * kTile;
-      const Vec b0 = LoadOnce(row), b1 = LoadOnce(row + 16), b2 = LoadOnce(row + 32), b3 = LoadOnce(row + 48);
-      for (int rr = 0; rr < 4; ++rr) {
-        const Vec x = Splat(a[(r + rr) * D + d]);
-        acc[rr][0] += x * b0;
-        acc[rr][1] += x * b1;
-        acc[rr][2] += x * b2;
-        acc[rr][3] += x * b3;
+  for (int64_t r = 0; r < kTile; r += kScoreRows) {
+    for (int64_t c0 = 0; c0 < kTile; c0 += kScoreVecs * kLanes) {
+      Vec acc[kScoreRows][kScoreVecs] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        const float* row = bt + d * kTile + c0;
+        Vec keys[kScoreVecs];
+        for (int j = 0; j < kScoreVecs; ++j) keys[j] = LoadOnce(row + kLanes * j);
+        for (int rr = 0; rr < kScoreRows; ++rr) {
+          const Vec x = Splat(a[(r + rr) * D + d]);
+          for (int j = 0; j < kScoreVecs; ++j) acc[rr][j] += x * keys[j];
+        }
       }
-    }
-    for (int rr = 0; rr < 4; ++rr) {
-      for (int j = 0; j < 4; ++j) Store(s + (r + rr) * kTile + 16 * j, acc[rr][j]);
+      for (int rr = 0; rr < kScoreRows; ++rr) {
+        for (int j = 0; j < kScoreVecs; ++j) Store(s + (r + rr) * kTile + c0 + kLanes * j, acc[rr][j]);
+      }
     }
   }
 }
 
-// Output rows per register block of the [64, D] accumulations (at most 16 accumulators).
+// TileApply's register block: kApplyRows<DV> output rows x kApplyVecs<DV> vectors of a
+// row. With AVX-512 a whole row (DV vectors) and at most 16 accumulators; else 4 rows x 2
+// vectors (8 accumulators; D = 16 DV is always 2 DV vectors of 8).
 template <int DV>
-constexpr int kRows = DV <= 1 ? 8 : DV <= 2 ? 8 : (DV <= 4 ? 4 : 2);
+constexpr int kApplyVecs = kLanes == 16 ? DV : 2;
+template <int DV>
+constexpr int kApplyRows = kLanes == 16 ? (DV <= 2 ? 8 : (DV <= 4 ? 4 : 2)) : 4;
 
 // out[64, D] += p[64, 64] . b[64, D] (transposed = false), or out[64, D] += p^T . b
-// (transposed = true, p read column-wise): R output rows at a time.
+// (transposed = true, p read column-wise), a register block at a time. Every output sums
+// over the 64 keys in order, whatever the blocking.
 template <int DV, bool kTransposed>
 void TileApply(const float* p, const float* b, float* out) {
   constexpr int64_t D = 16 * DV;
-  constexpr int R = kRows<DV>;
+  constexpr int R = kApplyRows<DV>, V = kApplyVecs<DV>;
   for (int64_t r = 0; r < kTile; r += R) {
-    Vec acc[R][DV];
-    for (int rr = 0; rr < R; ++rr) {
-      for (int j = 0; j < DV; ++j) acc[rr][j] = Load(out + (r + rr) * D + 16 * j);
-    }
-    for (int64_t c = 0; c < kTile; ++c) {
-      Vec row[DV];
-      for (int j = 0; j < DV; ++j) row[j] = LoadOnce(b + c * D + 16 * j);
+    for (int64_t e0 = 0; e0 < D; e0 += V * kLanes) {
+      Vec acc[R][V];
       for (int rr = 0; rr < R; ++rr) {
-        const Vec w = Splat(kTransposed ? p[c * kTile + r + rr] : p[(r + rr) * kTile + c]);
-        for (int j = 0; j < DV; ++j) acc[rr][j] += w * row[j];
+        for (int j = 0; j < V; ++j) acc[rr][j] = Load(out + (r + rr) * D + e0 + kLanes * j);
       }
-    }
-    for (int rr = 0; rr < R; ++rr) {
-      for (int j = 0; j < DV; ++j) Store(out + (r + rr) * D + 16 * j, acc[rr][j]);
+      for (int64_t c = 0; c < kTile; ++c) {
+        Vec row[V];
+        for (int j = 0; j < V; ++j) row[j] = LoadOnce(b + c * D + e0 + kLanes * j);
+        for (int rr = 0; rr < R; ++rr) {
+          const Vec w = Splat(kTransposed ? p[c * kTile + r + rr] : p[(r + rr) * kTile + c]);
+          for (int j = 0; j < V; ++j) acc[rr][j] += w * row[j];
+        }
+      }
+      for (int rr = 0; rr < R; ++rr) {
+        for (int j = 0; j < V; ++j) Store(out + (r + rr) * D + e0 + kLanes * j, acc[rr][j]);
+      }
     }
   }
 }

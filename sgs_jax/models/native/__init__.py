@@ -73,13 +73,16 @@ def _cpu_signature() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def _build(source: Path, compiler: str) -> Path:
-    """The built library of `source` (compiled now unless cached); raises on failure."""
+def _build(source: Path, compiler: str, portable: bool = False) -> Path:
+    """The built library of `source` (compiled now unless cached); raises on failure.
+    portable: only the build without -march=native (the fallback for compilers without it:
+    the compiler's baseline instruction set; tests check the kernels' narrow-vector path
+    with it on any host)."""
     import jaxlib
 
     include = jax.ffi.include_dir()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    attempts = [(*_FLAGS, "-march=native"), _FLAGS]  # the second for compilers without -march=native
+    attempts = [_FLAGS] if portable else [(*_FLAGS, "-march=native"), _FLAGS]  # the second for compilers without -march=native
     headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # the shared header(s) it includes
     errors = []
     for flags in attempts:

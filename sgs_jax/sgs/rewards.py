@@ -211,10 +211,11 @@ def reinforce_half_samples(
     """REINFORCE½ data: the verified attempts of problems with 0 < s <= 0.5, weight 1
     (replaced by the length penalty when too long). A proof containing `try` is dropped
     (it takes no batch slot and no share of the token denominator), as the official trainer
-    skips it. groups[g] holds the k attempts of problem g; group = g."""
+    skips it. groups[g] holds the k attempts of problem g (none when its prompt did not fit:
+    no data); group = g."""
     samples = []
     for g, attempts in enumerate(groups):
-        if 0.0 < solve_rate(attempts) <= 0.5:
+        if attempts and 0.0 < solve_rate(attempts) <= 0.5:
             samples += [
                 TrainingSample(a.rollout, apply_length_penalty(1.0, a.rollout.num_generated_tokens, max_tokens), g)
                 for a in attempts
@@ -233,10 +234,11 @@ def cispo_samples(
     groups: Sequence[Sequence[Attempt]], max_tokens: int, token_aware_try: bool = False
 ) -> list[TrainingSample]:
     """CISPO data: every attempt of problems with 0 < s < 1 whose rewards are not all
-    zero, with its group advantage as weight. groups[g] holds problem g's attempts."""
+    zero, with its group advantage as weight. groups[g] holds problem g's attempts (none
+    when its prompt did not fit: no data)."""
     samples = []
     for g, attempts in enumerate(groups):
-        if not 0.0 < solve_rate(attempts) < 1.0:
+        if not attempts or not 0.0 < solve_rate(attempts) < 1.0:
             continue
         rewards = [solver_reward(a, max_tokens, token_aware_try) for a in attempts]
         if all(r == 0.0 for r in rewards):

@@ -1,5 +1,6 @@
 """One real iteration's accounting (SPEC Sections 4.10 and 5): which targets Expert
-Iteration samples, the generation counter with a prompt that is too long, buffered
+Iteration samples, the generation counter with a prompt that is too long (and every
+Solver objective going on past it), buffered
 proofs of targets that are no longer sampled still training with their own prompts, and
 a verification server that refuses the API key stopping the run.
 
@@ -48,6 +49,22 @@ def test_expert_iteration_sampling_counting_and_buffer(tmp_path, random_checkpoi
     # iteration stored: random models verify nothing, so nothing).
     assert out["solver/train_sequences"] == 1 + out["verify/verified"]
     assert out["solver/train_samples_targets"] == out["solver/train_sequences"]
+
+
+@pytest.mark.parametrize("config", ["sgs.py:testbed", "cispo_solver_only.py:testbed"], ids=["reinforce_half", "cispo"])
+def test_a_prompt_too_long_is_skipped_by_every_solver_objective(tmp_path, random_checkpoints, config):
+    """REINFORCE½ and CISPO select from solve rates, and a target whose prompt does not fit
+    has no attempts: the iteration skips it and goes on (it raised before)."""
+    cfg = load_config(os.path.join(ROOT, "configs", config), small_run_overrides(random_checkpoints, tmp_path / "run"))
+    run = SGSRun(cfg)
+    try:
+        targets = list(run.target_set.targets)
+        targets[1] = dataclasses.replace(targets[1], statement=targets[1].statement.replace(":= by", "∧ True " * 300 + ":= by"))
+        out = run_iteration(0, run.ctx, run.roles, TargetSet(targets, {}, cfg.targets.max_proofs), run.settings, run.ei_buffer)
+    finally:
+        run.close()
+    assert out["solver/skipped_prompts"] == 1  # target 1; the other five were attempted
+    assert out["iteration/generations"] >= 2 * 5
 
 
 @pytest.mark.skipif(not (MODELS_DIR / "base" / "config.json").exists(), reason="packaged testbed models not built")

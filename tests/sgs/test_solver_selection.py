@@ -1,5 +1,6 @@
 """Solver rewards and selection rules: length penalty, `try` ban, REINFORCE½, CISPO, Expert Iteration."""
 
+import dataclasses
 import json
 import math
 
@@ -131,6 +132,15 @@ def test_reinforce_half_drops_try_proofs(verdicts, proofs, expected):
 def test_token_aware_try_keeps_names_that_contain_try():
     attempts = group("p", [1, 1, 0, 0], proofs={0: "\n  exact symmetry h", 1: "\n  try simp"})
     assert [s.rollout for s in reinforce_half_samples([attempts], L_MAX, token_aware_try=True)] == [attempts[0].rollout]
+
+
+@pytest.mark.parametrize("select", [reinforce_half_samples, cispo_samples], ids=["reinforce_half", "cispo"])
+def test_a_problem_without_attempts_gives_no_data(select):
+    """A problem whose prompt did not fit was never attempted (no attempts): it is left
+    out, and the other problems keep their samples and group indices."""
+    with_gap = [GROUPS[0], (), *GROUPS[1:]]
+    shifted = [dataclasses.replace(s, group=s.group + (s.group >= 1)) for s in select(GROUPS, L_MAX)]
+    assert select(with_gap, L_MAX) == shifted and shifted
 
 
 def test_group_advantages_hand_computed():

@@ -72,8 +72,10 @@ SOLVER_SAMPLES_TARGETS = "solver/train_samples_targets"
 SOLVER_SAMPLES_CONJECTURES = "solver/train_samples_conjectures"
 SOLVER_LOSS = "solver/loss"
 CONJECTURER_LOSS = "conjecturer/loss"
-CISPO_CLIP_FRACTION = "cispo/clip_fraction"  # fraction of tokens whose ratio was clipped
-CISPO_MEAN_WEIGHT = "cispo/mean_weight"
+# CISPO's clipped-token fraction and mean importance weight are written as
+# solver/clip_fraction and solver/mean_importance_weight (the Trainer's metric names).
+# The loop never writes this name; sgs-report accepts it for the fraction as well.
+CISPO_CLIP_FRACTION = "cispo/clip_fraction"
 GUIDE_PARSE_FAILURES = "guide/parse_failures"  # count this iteration
 GUIDE_RELEVANCE = "guide/relevance"  # mean sub-scores over parsed outputs
 GUIDE_REDUNDANCY = "guide/redundancy"

@@ -143,6 +143,13 @@ def _packed_segments(rng, batch, t, max_len):
     return segments
 
 
+# One sequence alone through the reference, and the gradients of a weighted sum of its
+# outputs: jitted (one program per segment length, shared by every backend's test; op by op
+# they cost 30-40 s of the first backend's cases).
+_alone = jax.jit(lambda q, k, v: A.reference(q, k, v, A.AttentionMask()))
+_alone_grads = jax.jit(lambda q, k, v, w: _grads(lambda q, k, v: A.reference(q, k, v, A.AttentionMask()), q, k, v, w))
+
+
 @pytest.mark.parametrize("case", [(200, 8, 2, 32, 90), (256, 4, 4, 16, 300), (130, 4, 1, 64, 20)], ids=lambda c: f"T{c[0]}_seg{c[4]}")
 @pytest.mark.parametrize("backend", [*SELF_BACKENDS, "reference"])
 def test_packed_rows_equal_each_sequence_alone(backend, case):
@@ -161,13 +168,12 @@ def test_packed_rows_equal_each_sequence_alone(backend, case):
     out = np.asarray(jax.jit(fn)(q, k, v))
     grads = [np.asarray(g) for g in jax.jit(lambda q, k, v: _grads(fn, q, k, v, weight))(q, k, v)]
     assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads)
-    alone = lambda q, k, v: A.reference(q, k, v, A.AttentionMask())  # noqa: E731
     for row in range(3):
         for seg in set(segments[row][real[row]]):
             span = np.flatnonzero(segments[row] == seg)
             cut = lambda x: x[row : row + 1, span[0] : span[-1] + 1]  # noqa: E731
-            np.testing.assert_allclose(out[row, span], np.asarray(alone(cut(q), cut(k), cut(v)))[0], atol=TOL, rtol=0)
-            want = _grads(alone, cut(q), cut(k), cut(v), cut(weight))
+            np.testing.assert_allclose(out[row, span], np.asarray(_alone(cut(q), cut(k), cut(v)))[0], atol=TOL, rtol=0)
+            want = _alone_grads(cut(q), cut(k), cut(v), cut(weight))
             for got, w in zip(grads, want):
                 np.testing.assert_allclose(got[row, span], np.asarray(w)[0], atol=TOL, rtol=0)
 

@@ -1,7 +1,6 @@
 """The native CPU kernels' build on first use: a cached library per (source, flags,
 compiler, jaxlib, CPU), and a clear fallback when no compiler works."""
 
-import ctypes
 import logging
 
 import jax
@@ -12,6 +11,7 @@ import pytest
 from sgs_jax.models import attention, native
 from sgs_jax.models.attention import AttentionMask, select_backend
 from sgs_jax.models.paged_attention import select_paged_backend
+from tests.models.native_support import use_portable_build
 
 KERNELS = (native.paged_attention_target, native.flash_attention_targets)
 
@@ -100,17 +100,11 @@ def test_the_portable_build_of_the_training_kernels_equals_the_host_build(monkey
     the host build's outputs and gradients (fp32, 1e-5) for every head-dim path."""
     if not native.flash_attention_targets():
         pytest.skip("the native kernels could not be built here")
-    monkeypatch.setenv("SGS_JAX_KERNEL_CACHE", str(tmp_path))
-    library = ctypes.CDLL(str(native._build(native._SOURCE_DIR / "flash_attention.cc", native._compiler(), portable=True)))
-    names = {"FLASH_FORWARD": ("sgs_flash_attention_forward_portable_cpu", library.SgsFlashAttentionForward),
-             "FLASH_BACKWARD": ("sgs_flash_attention_backward_portable_cpu", library.SgsFlashAttentionBackward)}
-    for target, symbol in names.values():
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
     for dim in (16, 32, 64, 128):  # one vector of 16 per 16 dims: DV 1, 2, 4, 8
         host = _packed_attention(dim)
         with monkeypatch.context() as patch:
-            for attr, (target, _) in names.items():
-                patch.setattr(native, attr, target)
+            use_portable_build(patch, tmp_path, "flash_attention.cc",
+                               {"FLASH_FORWARD": "SgsFlashAttentionForward", "FLASH_BACKWARD": "SgsFlashAttentionBackward"})
             portable = _packed_attention(dim)
         for got, want in zip(portable, host):
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"head dim {dim}")

@@ -6,8 +6,6 @@ deviceless with libtpu."""
 import importlib.util
 import os
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +18,7 @@ from sgs_jax.models.attention import AttentionMask, reference
 from sgs_jax.models.paged_cache import PagedBatch, ragged_work, write_token
 from sgs_jax.parallel import make_mesh
 from sgs_jax.parallel.rules import activation_sharding
+from tests.models.native_support import use_portable_build
 
 PAGE, PAGES, LAYERS, HKV, GROUP, DIM = 4, 24, 2, 2, 2, 16
 
@@ -201,19 +200,13 @@ def test_tpu_kernel_compiles_deviceless_without_pool_copies():
     assert compiled.memory_analysis().temp_size_in_bytes < pool_bytes / 4
 
 
-def test_native_kernel_portable_loops_match_gather(tmp_path):
-    """The kernel's portable loops (what compilers without AVX2 / FMA build) pass the same
-    comparison with the gather backend: run in a fresh process whose compiler is wrapped to
-    add -mno-avx2 -mno-fma, with a kernel cache of its own."""
+def test_native_kernel_portable_loops_match_gather(monkeypatch, tmp_path):
+    """The kernel's portable loops (what compilers without AVX2 / FMA build: the build
+    without -march=native, `native_support`) pass the same comparison with the gather
+    backend, every case of `test_native_kernel_matches_gather`."""
     needs_native()
-    compiler = native._compiler()
-    marker = tmp_path / "wrapper-ran"
-    wrapper = tmp_path / "cxx"
-    wrapper.write_text(f'#!/bin/sh\ntouch "{marker}"\nexec "{compiler}" "$@" -mno-avx2 -mno-fma\n')
-    wrapper.chmod(0o755)
-    env = {**os.environ, "CXX": str(wrapper), "SGS_JAX_KERNEL_CACHE": str(tmp_path / "kernels")}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"{__file__}::test_native_kernel_matches_gather"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert marker.exists(), "the wrapped compiler never ran"
-    assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]  # built, and every case ran
+    use_portable_build(monkeypatch, tmp_path, "paged_attention.cc",
+                       {"PAGED_ATTENTION": "SgsPagedAttention", "UNWRITTEN_POOL": "SgsUnwrittenPool"})
+    for dim in (16, 64, 128):
+        for page in (4, 16):
+            test_native_kernel_matches_gather(dim, page)

@@ -1,6 +1,8 @@
 """Packed micro-batches (`TrainConfig.pack_length`): the layout, the model on packed rows,
 and a packed optimiser step against the unpacked one (fp32, 1e-5)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,20 +109,16 @@ def test_segment_positions_restart_at_each_sequence():
     np.testing.assert_array_equal(np.asarray(segment_positions(segments)), want)
 
 
-@pytest.mark.parametrize("attention", ["xla", "blockwise", "auto"])
-def test_packed_logprobs_equal_each_sequence_alone(attention):
-    """Each sequence's log-probabilities and the gradient of their weighted sum, from packed
-    rows, equal those of the sequence run alone (fp32, 1e-5)."""
-    model = create_model(CONFIG.replace(attention=attention, head_dim=16), seed=3)
-    examples = random_examples(7, 96, seed=4, max_prompt=5, max_completion=20)
-    (batch,) = pack_micro_batches(examples, batch_scale(examples), 2, length_buckets(128, 16))
+_ALONE_EXAMPLES = dict(n=7, vocab=96, seed=4, max_prompt=5, max_completion=20)
 
-    def packed_total(model):
-        lp = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.targets, segment_ids=batch.segment_ids)
-        return jnp.sum(lp * batch.loss_mask * batch.weights), lp
 
-    (_, lp), grads = nnx.jit(nnx.value_and_grad(packed_total, has_aux=True))(model)
-    lp = np.asarray(lp)
+@functools.cache
+def _alone_reference():
+    """Each of the test's sequences run alone (attention `xla`, no packing): its log-probs
+    by input ids, and the gradient of their weighted sum over completions. Computed once
+    for every backend's test (one program of seven sequences: the test's longest compile)."""
+    model = create_model(CONFIG.replace(attention="xla", head_dim=16), seed=3)
+    examples = random_examples(**_ALONE_EXAMPLES)
 
     def alone_total(model):
         total, pieces = 0.0, {}
@@ -133,11 +131,29 @@ def test_packed_logprobs_equal_each_sequence_alone(attention):
             pieces[tuple(seq[:-1])] = one
         return total, pieces
 
-    (_, pieces), want_grads = nnx.jit(nnx.value_and_grad(alone_total, has_aux=True))(model)
+    (_, pieces), grads = nnx.jit(nnx.value_and_grad(alone_total, has_aux=True))(model)
+    return {ids: np.asarray(lp) for ids, lp in pieces.items()}, [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
+
+
+@pytest.mark.parametrize("attention", ["xla", "blockwise", "auto"])
+def test_packed_logprobs_equal_each_sequence_alone(attention):
+    """Each sequence's log-probabilities and the gradient of their weighted sum, from packed
+    rows, equal those of the sequence run alone (fp32, 1e-5)."""
+    model = create_model(CONFIG.replace(attention=attention, head_dim=16), seed=3)
+    examples = random_examples(**_ALONE_EXAMPLES)
+    (batch,) = pack_micro_batches(examples, batch_scale(examples), 2, length_buckets(128, 16))
+
+    def packed_total(model):
+        lp = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.targets, segment_ids=batch.segment_ids)
+        return jnp.sum(lp * batch.loss_mask * batch.weights), lp
+
+    (_, lp), grads = nnx.jit(nnx.value_and_grad(packed_total, has_aux=True))(model)
+    lp = np.asarray(lp)
+    pieces, want_grads = _alone_reference()
     for (row, seg), (ids, *_) in _unpacked_rows(batch).items():
-        np.testing.assert_allclose(lp[row, batch.segment_ids[row] == seg], np.asarray(pieces[tuple(ids)]), atol=1e-5, rtol=0)
-    for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want_grads)):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(lp[row, batch.segment_ids[row] == seg], pieces[tuple(ids)], atol=1e-5, rtol=0)
+    for got, want in zip(jax.tree_util.tree_leaves(grads), want_grads):
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0)
 
 
 def _params(trainer):

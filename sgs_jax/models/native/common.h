@@ -16,23 +16,33 @@
 
 namespace sgs_native {
 
-// e^x for x <= 0 (softmax weights) in a form the compiler vectorises: x = n ln 2 + r with
-// |r| <= ln 2 / 2 (Cody-Waite: ln 2 in two parts, so r keeps float precision), e^r by its
-// Taylor series to degree 7, times 2^n through the exponent bits: within 1e-7 relative of
-// std::exp on [-87, 0]. Below -87 it returns e^-87 (about 1.6e-38); callers that need an
-// exact 0 for masked entries select it.
-inline float ExpNonPositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
-  float poly = 1.0f / 5040.0f;
-  poly = poly * r + 1.0f / 720.0f;
+// x - n ln 2, with ln 2 in two parts (Cody-Waite) so the result keeps float precision.
+// T: float, or a vector of floats (flash_attention.cc).
+template <typename T>
+inline T MinusNLn2(T x, T n) {
+  return (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
+}
+
+// e^r for |r| <= ln 2 / 2 by its Taylor series to degree 7 (T as above).
+template <typename T>
+inline T ExpTaylor7(T r) {
+  T poly = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
   poly = poly * r + 1.0f / 120.0f;
   poly = poly * r + 1.0f / 24.0f;
   poly = poly * r + 1.0f / 6.0f;
   poly = poly * r + 0.5f;
   poly = poly * r + 1.0f;
-  poly = poly * r + 1.0f;
+  return poly * r + 1.0f;
+}
+
+// e^x for x <= 0 (softmax weights) in a form the compiler vectorises: x = n ln 2 + r with
+// |r| <= ln 2 / 2 (`MinusNLn2`), e^r by `ExpTaylor7`, times 2^n through the exponent bits:
+// within 1e-7 relative of std::exp on [-87, 0]. Below -87 it returns e^-87 (about
+// 1.6e-38); callers that need an exact 0 for masked entries select it.
+inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float poly = ExpTaylor7(MinusNLn2(x, n));
   int32_t bits;
   std::memcpy(&bits, &poly, sizeof(bits));
   bits += static_cast<int32_t>(n) * (1 << 23);

@@ -87,15 +87,7 @@ inline Vec ExpNonPositive(Vec x) {
   x = x < lowest ? lowest : x;  // std::max(x, -87)
   const Vec t = Opaque(x * 1.44269504088896341f);
   const Vec n = (t + shifter) - shifter;
-  const Vec r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
-  Vec poly = Splat(1.0f / 5040.0f);
-  poly = poly * r + 1.0f / 720.0f;
-  poly = poly * r + 1.0f / 120.0f;
-  poly = poly * r + 1.0f / 24.0f;
-  poly = poly * r + 1.0f / 6.0f;
-  poly = poly * r + 0.5f;
-  poly = poly * r + 1.0f;
-  poly = poly * r + 1.0f;
+  const Vec poly = sgs_native::ExpTaylor7(sgs_native::MinusNLn2(x, n));
   return (Vec)((Ints)poly + __builtin_convertvector(n, Ints) * (1 << 23));
 }
 using sgs_native::ExpNonPositive;  // and the scalar form

@@ -100,11 +100,10 @@ def test_the_portable_build_of_the_training_kernels_equals_the_host_build(monkey
     the host build's outputs and gradients (fp32, 1e-5) for every head-dim path."""
     if not native.flash_attention_targets():
         pytest.skip("the native kernels could not be built here")
-    for dim in (16, 32, 64, 128):  # one vector of 16 per 16 dims: DV 1, 2, 4, 8
-        host = _packed_attention(dim)
-        with monkeypatch.context() as patch:
-            use_portable_build(patch, tmp_path, "flash_attention.cc",
-                               {"FLASH_FORWARD": "SgsFlashAttentionForward", "FLASH_BACKWARD": "SgsFlashAttentionBackward"})
-            portable = _packed_attention(dim)
-        for got, want in zip(portable, host):
+    dims = (16, 32, 64, 128)  # one vector of 16 per 16 dims: DV 1, 2, 4, 8
+    host = {dim: _packed_attention(dim) for dim in dims}
+    use_portable_build(monkeypatch, tmp_path, "flash_attention.cc",
+                       {"FLASH_FORWARD": "SgsFlashAttentionForward", "FLASH_BACKWARD": "SgsFlashAttentionBackward"})
+    for dim in dims:
+        for got, want in zip(_packed_attention(dim), host[dim]):
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"head dim {dim}")

@@ -120,5 +120,5 @@ def _optimizer_defaults(lr: float, batch_size: int) -> ConfigDict:
     o.eps = 1e-8  # Adam epsilon
     o.clip_norm = 1.0  # global gradient-norm clip
     o.reset_optimizer = True  # fresh optimiser state every iteration
-    o.normalization = "batch_tokens"  # batch_tokens (official code) | sequence (paper Eq. 4)
+    o.normalization = "batch_tokens"  # batch_tokens (official code) | sequence (paper Eq. 4); CISPO: cispo.normalization
     return o

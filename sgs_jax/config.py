@@ -304,6 +304,12 @@ def validate(cfg: ConfigDict) -> None:
             f"solver_train.batch_size ({cfg.solver_train.batch_size}) must be a multiple of "
             f"sgs.proofs_per_problem ({cfg.sgs.proofs_per_problem}) for the cispo objective"
         )
+    if cfg.sgs.solver_objective == "cispo" and cfg.solver_train.normalization != "batch_tokens":
+        # CISPO has two normalisations (SPEC Section 5), both chosen by cispo.normalization.
+        raise ConfigError(
+            f"solver_train.normalization={cfg.solver_train.normalization!r} does not apply to the cispo objective; "
+            "choose CISPO's normalisation with cispo.normalization (batch_tokens | group_tokens)"
+        )
 
 
 def _check_placement(cfg: ConfigDict) -> None:
@@ -447,6 +453,10 @@ def check_resume(directory: str | os.PathLike, cfg: ConfigDict, allow: Sequence[
         hint = (f"allow it with --allow-config-change {','.join(c.field for c in refused)}"
                 if all(c.field in SAFE_ON_RESUME for c in refused)
                 else "use a new run directory to run a different config")
+        removed = [c.field for c in refused if c.new == _ABSENT]
+        if removed:  # the code cannot honour a recorded value it has no setting for
+            hint = (f"{', '.join(removed)}: no longer a setting of this code; resume with the code that "
+                    f"started the run, or {hint}")
         count = f"{len(refused)} fields differ" if len(refused) > 1 else "1 field differs"
         raise ConfigError(f"{directory} holds a run with a different config ({count}):\n{lines}\n{hint}")
     return changes

@@ -241,9 +241,29 @@ def test_config_diff_sees_added_and_removed_fields():
     validate(cfg)
 
 
+def test_a_setting_removed_from_the_code_is_named_as_removed_on_resume(tmp_path):
+    record_config(load_config(TESTBED), tmp_path)
+    recorded = json.load(open(tmp_path / "config.json"))
+    recorded["solver_train"]["epochs"] = 1  # as if recorded by code that had this setting
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    with pytest.raises(ConfigError) as err:
+        check_resume(tmp_path, load_config(TESTBED))
+    message = str(err.value)
+    assert "solver_train.epochs: recorded 1, now '<absent>'" in message
+    assert "solver_train.epochs: no longer a setting of this code; resume with the code that started the run" in message
+
+
 def test_cispo_batch_must_hold_whole_groups():
     with pytest.raises(ConfigError, match="sgs.proofs_per_problem"):
         load_config(os.path.join(ROOT, "configs/cispo_sgs.py:testbed"), ["--config.solver_train.batch_size=36", "--config.solver_train.micro_batch_size=4"])
+
+
+def test_cispo_takes_its_normalisation_from_the_cispo_section_only():
+    cispo = os.path.join(ROOT, "configs/cispo_sgs.py:testbed")
+    with pytest.raises(ConfigError, match="cispo.normalization"):
+        load_config(cispo, ["--config.solver_train.normalization=sequence"])
+    load_config(cispo, ["--config.cispo.normalization=group_tokens"])
+    load_config(TESTBED, ["--config.solver_train.normalization=sequence"])  # REINFORCE½ takes it
 
 
 def test_sgs_plan_takes_the_config_flags(capsys):

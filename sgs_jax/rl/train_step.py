@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -185,6 +185,22 @@ def _finish_metrics(sums: dict[str, float]) -> dict[str, float]:
 
 
 _APPLY_METRICS = ("loss", "grad_norm", "update_norm", "param_norm")  # not averaged
+
+
+def epoch_metric(steps: Sequence[Mapping[str, float]], name: str) -> float | None:
+    """Metric `name` over an epoch's optimiser steps (`Trainer.train_epoch`'s list): a
+    per-token or per-sequence mean weighted by each step's count, as micro-batches combine
+    into a step; a per-step value (loss, grad_norm, ...) averaged over steps. None when
+    no step has it."""
+    having = [s for s in steps if name in s]
+    if not having:
+        return None
+    weight = None if name in _APPLY_METRICS else _METRIC_WEIGHT.get(name, "token_count")
+    if weight is None or not all(weight in s for s in having):
+        return float(np.mean([s[name] for s in having]))
+    counts = np.array([s[weight] for s in having], np.float64)
+    values = np.array([s[name] for s in having], np.float64)
+    return float(values @ counts / max(counts.sum(), 1.0))
 
 
 # The TPU compiler's bf16 propagation sees that the layers' forward loop reads each fp32

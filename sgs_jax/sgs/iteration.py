@@ -19,6 +19,7 @@ from sgs_jax import metrics as M
 from sgs_jax.analysis.statements import summarize_statements
 from sgs_jax.faults import fault_point
 from sgs_jax.rl.batching import SequenceExample
+from sgs_jax.rl.train_step import epoch_metric
 from sgs_jax.sgs import rewards
 from sgs_jax.sgs.phases import (GuidePhase, PhaseContext, conjecture_phase, guide_phase, phase_seed, prove_phase,
                                 statement_check_phase)
@@ -131,9 +132,9 @@ def _train(trainer, examples: list[SequenceExample], seed: int, prefix: str, pro
     fault_point("training")
     out = {f"{prefix}/train_sequences": float(len(examples)), f"{prefix}/optimizer_steps": float(len(steps))}
     for key in ("loss", "grad_norm", "clip_fraction", "mean_importance_weight"):
-        values = [s[key] for s in steps if key in s]
-        if values:
-            out[f"{prefix}/{key}"] = float(np.mean(values))
+        value = epoch_metric(steps, key)
+        if value is not None:
+            out[f"{prefix}/{key}"] = value
     return out
 
 

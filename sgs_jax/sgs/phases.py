@@ -21,7 +21,7 @@ from sgs_jax.sampling.shapes import bucket_for
 from sgs_jax.sgs import extraction, prompts
 from sgs_jax.sgs.progress import sampler_callback
 from sgs_jax.sgs.types import Attempt, ChatMessage, Conjecture, GuideScores, Problem, Rollout, Target, token_array
-from sgs_jax.sgs.rewards import parse_guide_reply
+from sgs_jax.sgs.rewards import parse_guide_reply, solve_rate
 from sgs_jax.verify import Status, Verifier, VerifyRequest
 
 
@@ -227,7 +227,7 @@ class ProvePhase:
 
     def solve_rates(self) -> list[float]:
         """s(x) per problem; 0 for problems that could not be attempted."""
-        return [sum(a.verified for a in group) / len(group) if group else 0.0 for group in self.attempts]
+        return [solve_rate(group) if group else 0.0 for group in self.attempts]
 
 
 def prove_phase(

@@ -8,6 +8,8 @@ on CPU; native (the C++ CPU kernels) is skipped where no C++ compiler builds it;
 a GPU (skipped here) and `auto`'s choice is tested per platform.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,22 +72,33 @@ SELF_CASES = [(64, 4, 2, 16, 16, "left"), (96, 4, 4, 8, 32, "right"), (200, 8, 2
 @pytest.mark.parametrize("case", SELF_CASES, ids=lambda c: f"T{c[0]}_h{c[1]}kv{c[2]}_{c[5]}")
 @pytest.mark.parametrize("backend", SELF_BACKENDS)
 def test_self_attention_equals_reference(backend, case):
-    t, heads, kv_heads, dim, block, side = case
-    q, k, v, rng = _inputs(3, t, t, heads, kv_heads, dim, seed=t + heads)
-    valid = _padding(rng, 3, t, side)
+    block = case[4]
+    q, k, v, valid, weight, ref, ref_grads = _self_case(case)
     mask = A.AttentionMask(kv_valid=jnp.asarray(valid))
     kw = {"block": block} if backend == "blockwise" else {}
     fn = lambda q, k, v: _run(backend, q, k, v, mask, **kw)  # noqa: E731
-    ref_fn = lambda q, k, v: A.reference(q, k, v, mask)  # noqa: E731
-    out, ref = jax.jit(fn)(q, k, v), ref_fn(q, k, v)
+    out = jax.jit(fn)(q, k, v)
     assert np.isfinite(np.asarray(out)).all()
-    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(ref)[valid], atol=TOL, rtol=0)
-    # Gradients of a loss on real query rows only.
-    weight = jnp.asarray(rng.normal(size=ref.shape), jnp.float32) * jnp.asarray(valid)[:, :, None, None]
+    np.testing.assert_allclose(np.asarray(out)[valid], ref[valid], atol=TOL, rtol=0)
     grads = jax.jit(lambda q, k, v: _grads(fn, q, k, v, weight))(q, k, v)
-    for got, want in zip(grads, _grads(ref_fn, q, k, v, weight)):
+    for got, want in zip(grads, ref_grads):
         assert np.isfinite(np.asarray(got)).all()
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(got), want, atol=TOL, rtol=0)
+
+
+@functools.cache
+def _self_case(case):
+    """(q, k, v, valid [B, T], loss weight, reference outputs, reference gradients) of a
+    SELF_CASES case, the reference jitted once and shared by every backend's test. The
+    loss weighs real query rows only."""
+    t, heads, kv_heads, dim, _, side = case
+    q, k, v, rng = _inputs(3, t, t, heads, kv_heads, dim, seed=t + heads)
+    valid = _padding(rng, 3, t, side)
+    ref_fn = lambda q, k, v: A.reference(q, k, v, A.AttentionMask(kv_valid=jnp.asarray(valid)))  # noqa: E731
+    ref = np.asarray(jax.jit(ref_fn)(q, k, v))
+    weight = jnp.asarray(rng.normal(size=ref.shape), jnp.float32) * jnp.asarray(valid)[:, :, None, None]
+    ref_grads = [np.asarray(g) for g in jax.jit(lambda q, k, v: _grads(ref_fn, q, k, v, weight))(q, k, v)]
+    return q, k, v, valid, weight, ref, ref_grads
 
 
 @pytest.mark.parametrize("with_lengths", [False, True], ids=["causal_only", "lengths"])
@@ -143,43 +156,57 @@ def _packed_segments(rng, batch, t, max_len):
     return segments
 
 
-# One sequence alone through the reference, and the gradients of a weighted sum of its
-# outputs: jitted (one program per segment length, shared by every backend's test; op by op
-# they cost 30-40 s of the first backend's cases).
-def _reference_alone(q, k, v):
-    return A.reference(q, k, v, A.AttentionMask())
+def _segments_alone(q, k, v, weight, segments):
+    """Every segment of packed rows run alone through the reference: one row per segment,
+    the segment at positions 0.. of its own row, unpacked (right padding, masked, after
+    it; causal, so it changes no real row). Returns, per (row, segment), the outputs and
+    the gradients (q, k, v) of the weighted sum of that segment's outputs, [len, H, D]."""
+    spans = [(row, np.flatnonzero(segments[row] == seg)) for row in range(len(segments))
+             for seg in sorted(set(segments[row][segments[row] > 0]))]
+    t = segments.shape[1]
+    alone = lambda x: np.stack([np.pad(np.asarray(x)[row, span[0] : span[-1] + 1],  # noqa: E731
+                                       [(0, t - len(span))] + [(0, 0)] * (x.ndim - 2)) for row, span in spans])
+    valid = np.stack([np.arange(t) < len(span) for _, span in spans])
+    ref_fn = lambda q, k, v: A.reference(q, k, v, A.AttentionMask(kv_valid=jnp.asarray(valid)))  # noqa: E731
+    qa, ka, va, wa = (jnp.asarray(alone(x)) for x in (q, k, v, weight))
+    out = np.asarray(jax.jit(ref_fn)(qa, ka, va))
+    grads = [np.asarray(g) for g in jax.jit(lambda q, k, v: _grads(ref_fn, q, k, v, wa))(qa, ka, va)]
+    return {(row, span[0]): (out[i, : len(span)], [g[i, : len(span)] for g in grads])
+            for i, (row, span) in enumerate(spans)}
 
 
-_alone = jax.jit(_reference_alone)
-_alone_grads = jax.jit(lambda q, k, v, w: _grads(_reference_alone, q, k, v, w))
+@functools.cache
+def _packed_case(case):
+    """(q, k, v, segment ids, loss weight, `_segments_alone`) of a packed case, shared by
+    every backend's test of it."""
+    t, heads, kv_heads, dim, max_len = case
+    q, k, v, rng = _inputs(3, t, t, heads, kv_heads, dim, seed=t + max_len)
+    segments = _packed_segments(rng, 3, t, max_len)
+    weight = jnp.asarray(rng.normal(size=q.shape), jnp.float32) * jnp.asarray(segments > 0)[:, :, None, None]
+    return q, k, v, segments, weight, _segments_alone(q, k, v, weight, segments)
 
 
 @pytest.mark.parametrize("case", [(200, 8, 2, 32, 90), (256, 4, 4, 16, 300), (130, 4, 1, 64, 20)], ids=lambda c: f"T{c[0]}_seg{c[4]}")
 @pytest.mark.parametrize("backend", [*SELF_BACKENDS, "reference"])
 def test_packed_rows_equal_each_sequence_alone(backend, case):
     """Packed rows (`AttentionMask.segment_ids`): each segment's outputs and the gradients of
-    a loss on the real tokens equal those of the segment run alone, unpadded, through the
+    a loss on the real tokens equal those of the segment run alone, unpacked, through the
     reference (fp32, 1e-5). Segments of 1 token up to longer than a native tile, on and
     across tile boundaries; padding rows and tokens are only required to be finite."""
-    t, heads, kv_heads, dim, max_len = case
-    q, k, v, rng = _inputs(3, t, t, heads, kv_heads, dim, seed=t + max_len)
-    segments = _packed_segments(rng, 3, t, max_len)
-    real = segments > 0
+    t = case[0]
+    q, k, v, segments, weight, alone = _packed_case(case)
     mask = A.AttentionMask(segment_ids=jnp.asarray(segments))
     kw = {"block": next(b for b in (32, 26, 8) if t % b == 0)} if backend == "blockwise" else {}
     fn = lambda q, k, v: _run(backend, q, k, v, mask, **kw)  # noqa: E731
-    weight = jnp.asarray(rng.normal(size=q.shape), jnp.float32) * jnp.asarray(real)[:, :, None, None]
     out = np.asarray(jax.jit(fn)(q, k, v))
     grads = [np.asarray(g) for g in jax.jit(lambda q, k, v: _grads(fn, q, k, v, weight))(q, k, v)]
     assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads)
-    for row in range(3):
-        for seg in set(segments[row][real[row]]):
-            span = np.flatnonzero(segments[row] == seg)
-            cut = lambda x: x[row : row + 1, span[0] : span[-1] + 1]  # noqa: E731
-            np.testing.assert_allclose(out[row, span], np.asarray(_alone(cut(q), cut(k), cut(v)))[0], atol=TOL, rtol=0)
-            want = _alone_grads(cut(q), cut(k), cut(v), cut(weight))
-            for got, w in zip(grads, want):
-                np.testing.assert_allclose(got[row, span], np.asarray(w)[0], atol=TOL, rtol=0)
+    assert len(alone) >= 2  # at least one segment in each of the two rows that are not padding only
+    for (row, start), (want_out, want_grads) in alone.items():
+        span = slice(start, start + len(want_out))
+        np.testing.assert_allclose(out[row, span], want_out, atol=TOL, rtol=0)
+        for got, want in zip(grads, want_grads):
+            np.testing.assert_allclose(got[row, span], want, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("backend", SELF_BACKENDS)

@@ -249,3 +249,15 @@ def test_micro_batch_that_does_not_split_over_the_mesh_fails_before_work():
     mesh = make_mesh(data=1, fsdp=8, tensor=1)
     with pytest.raises(ValueError, match=r"micro_batch_size=4 rows .*fsdp=8 = 8 devices"):
         Trainer(create_model(CONFIG, seed=1, mesh=mesh), _train_config(4), mesh)
+
+
+def test_epoch_metrics_weight_per_token_means_by_each_steps_tokens():
+    """Hand-computed: a clip fraction of 0.5 over 10 tokens and 0 over 30 is 5/40 over the
+    epoch, not the mean of the two steps (0.25); the loss is a per-step value."""
+    from sgs_jax.rl.train_step import epoch_metric
+
+    steps = [{"loss": 1.0, "clip_fraction": 0.5, "token_count": 10.0},
+             {"loss": 3.0, "clip_fraction": 0.0, "token_count": 30.0}]
+    assert epoch_metric(steps, "clip_fraction") == pytest.approx(0.125, abs=1e-12)
+    assert epoch_metric(steps, "loss") == pytest.approx(2.0, abs=1e-12)
+    assert epoch_metric(steps, "mean_importance_weight") is None

@@ -6,7 +6,8 @@ import os
 # on 8 simulated devices, and XLA:CPU compiles its machine code unoptimised (LLVM -O0). Tests
 # run tiny programs once or twice, so compiling dominates: -O0 takes about a fifth off the
 # suite (16.5 -> 13.3 min on a 2-core AVX2 host, 2026-12-06). XLA's own HLO passes all still
-# run, so a test checks the same program a run executes; only LLVM's codegen differs. A
+# run, so a test checks the same program a run executes; only LLVM's codegen differs
+# (tests/test_xla_test_settings.py holds a model's optimised HLO equal at both levels). A
 # value already in XLA_FLAGS wins (e.g. `--xla_backend_optimization_level=3` to test
 # what a run's optimised code computes).
 _TEST_XLA_FLAGS = {"--xla_force_host_platform_device_count": "8", "--xla_backend_optimization_level": "0"}

@@ -56,6 +56,16 @@ def test_train_step_benchmark_runs_both_sides(capsys):
     assert "the same, packed rows and remat_policy=dots" in out and "packed and dots:" in out
 
 
+def test_matmul_benchmark_times_every_product_of_every_projection_shape(capsys):
+    pytest.importorskip("torch")
+    _module("matmul").main(["--tokens", "16", "--repeats", "1"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if " x " in line and line.rstrip().endswith("x")]
+    shapes = {(int(r[0]), int(r[2])) for r in rows}
+    assert shapes == {(256, 128), (256, 256), (256, 688), (256, 2048), (688, 256)}  # train_step.py's model
+    assert len(rows) == 3 * len(shapes)
+    assert all(float(r[-3]) > 0 and float(r[-2]) > 0 and r[-1].endswith("x") for r in rows)
+
+
 def test_exclusive_op_times_subtract_nested_thunks_per_worker_thread():
     op_profile = _module("op_profile")
     worker, client = (1, 10), (1, 20)

@@ -11,10 +11,9 @@ import os
 # value already in XLA_FLAGS wins (e.g. `--xla_backend_optimization_level=3` to test
 # what a run's optimised code computes).
 _TEST_XLA_FLAGS = {"--xla_force_host_platform_device_count": "8", "--xla_backend_optimization_level": "0"}
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", "")]
-    + [f"{flag}={value}" for flag, value in _TEST_XLA_FLAGS.items() if flag not in os.environ.get("XLA_FLAGS", "")]
-).strip()
+_given = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = " ".join([_given, *(f"{flag}={value}" for flag, value in _TEST_XLA_FLAGS.items()
+                                              if flag not in _given)]).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -27,25 +27,24 @@ from train_step import model_config, projection_shapes
 
 from sgs_jax.models.llama import project
 
-PRODUCTS = ("forward", "input gradient", "weight gradient")
+PRODUCTS = ("forward", "input gradient", "weight gradient")  # the order `_ours` and `_torch` return them in
 
 
 def _ours(x, w, dy):
-    """The three products through `project` and its VJP, each a jitted call of its own
+    """The three `PRODUCTS` through `project` and its VJP, each a jitted call of its own
     (the VJP of one operand only, so nothing else is computed)."""
     forward = jax.jit(project)
     input_grad = jax.jit(lambda x, w, dy: jax.vjp(lambda x: project(x, w), x)[1](dy)[0])
     weight_grad = jax.jit(lambda x, w, dy: jax.vjp(lambda w: project(x, w), w)[1](dy)[0])
     x, w, dy = (jax.device_put(a) for a in (x, w, dy))
-    return {"forward": lambda: forward(x, w).block_until_ready(),
-            "input gradient": lambda: input_grad(x, w, dy).block_until_ready(),
-            "weight gradient": lambda: weight_grad(x, w, dy).block_until_ready()}
+    return (lambda: forward(x, w).block_until_ready(), lambda: input_grad(x, w, dy).block_until_ready(),
+            lambda: weight_grad(x, w, dy).block_until_ready())
 
 
 def _torch(x, w, dy):
-    """`nn.Linear`'s products: its weight is stored [out, in]."""
+    """`nn.Linear`'s three `PRODUCTS`: its weight is stored [out, in]."""
     x, w, dy = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T)), torch.from_numpy(dy)
-    return {"forward": lambda: x @ w.T, "input gradient": lambda: dy @ w, "weight gradient": lambda: dy.T @ x}
+    return (lambda: x @ w.T, lambda: dy @ w, lambda: dy.T @ x)
 
 
 def main(argv=None) -> None:
@@ -62,7 +61,7 @@ def main(argv=None) -> None:
     for k, n in shapes:
         x, w, dy = (rng.standard_normal(s, np.float32) for s in ((args.tokens, k), (k, n), (args.tokens, n)))
         for side, make in (("ours", _ours), ("torch", _torch)):
-            for product, fn in make(x, w, dy).items():
+            for product, fn in zip(PRODUCTS, make(x, w, dy)):
                 sides[side][(k, n, product)] = fn
     best = {side: alternated_best(calls, args.repeats, calls=10) for side, calls in sides.items()}
     print(f"projection matmuls alone, {args.tokens} token rows, {torch.get_num_threads()} threads, GFLOP/s")

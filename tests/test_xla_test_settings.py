@@ -17,7 +17,6 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROGRAM = textwrap.dedent("""
-    import re
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     from sgs_jax.models import create_model, tiny

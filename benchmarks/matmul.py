@@ -1,12 +1,12 @@
 """Each projection matmul of the training benchmark's model alone: ours (XLA:CPU, through
 `llama.project` and its VJP, jitted) against PyTorch's (`nn.Linear`'s products), in GFLOP/s
-and as a ratio, measured in the same run.
+and as a ratio, measured in the same run (both sides' calls from `projections.py`).
 
 For every distinct projection shape of `train_step.py`'s model (query, key/value, output,
 gate/up, down, LM head) at `--tokens` token rows: the forward x @ W, the input gradient
 dy @ W^T and the weight gradient x^T @ dy (it contracts the token axis), each timed alone,
 best of `--repeats` rounds of 10 calls. Our calls are timed in turn with each other, then
-torch's (a short JAX call right after a torch call can read slower: see `matmul_floor`).
+torch's (a short JAX call right after a torch call can read slower: see `train_step.matmul_floor`).
 Both sides use every core. This is the per-shape view of the floor `train_step.py` prints
 under each table.
 
@@ -18,33 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 
-import jax
 import numpy as np
 import torch
 
+from projections import PRODUCTS, our_products, projection_shapes, torch_products
 from timing import alternated_best, host_malloc
-from train_step import model_config, projection_shapes
-
-from sgs_jax.models.llama import project
-
-PRODUCTS = ("forward", "input gradient", "weight gradient")  # the order `_ours` and `_torch` return them in
-
-
-def _ours(x, w, dy):
-    """The three `PRODUCTS` through `project` and its VJP, each a jitted call of its own
-    (the VJP of one operand only, so nothing else is computed)."""
-    forward = jax.jit(project)
-    input_grad = jax.jit(lambda x, w, dy: jax.vjp(lambda x: project(x, w), x)[1](dy)[0])
-    weight_grad = jax.jit(lambda x, w, dy: jax.vjp(lambda w: project(x, w), w)[1](dy)[0])
-    x, w, dy = (jax.device_put(a) for a in (x, w, dy))
-    return (lambda: forward(x, w).block_until_ready(), lambda: input_grad(x, w, dy).block_until_ready(),
-            lambda: weight_grad(x, w, dy).block_until_ready())
-
-
-def _torch(x, w, dy):
-    """`nn.Linear`'s three `PRODUCTS`: its weight is stored [out, in]."""
-    x, w, dy = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T)), torch.from_numpy(dy)
-    return (lambda: x @ w.T, lambda: dy @ w, lambda: dy.T @ x)
+from train_step import model_config
 
 
 def main(argv=None) -> None:
@@ -60,7 +39,7 @@ def main(argv=None) -> None:
     sides = {"ours": {}, "torch": {}}
     for k, n in shapes:
         x, w, dy = (rng.standard_normal(s, np.float32) for s in ((args.tokens, k), (k, n), (args.tokens, n)))
-        for side, make in (("ours", _ours), ("torch", _torch)):
+        for side, make in (("ours", our_products), ("torch", torch_products)):
             for product, fn in zip(PRODUCTS, make(x, w, dy)):
                 sides[side][(k, n, product)] = fn
     best = {side: alternated_best(calls, args.repeats, calls=10) for side, calls in sides.items()}

@@ -42,12 +42,12 @@ import numpy as np
 import torch
 import transformers
 
+from projections import our_products, projection_shapes, torch_products
 from timing import alternated_best, host_malloc
 
 from sgs_jax.models import load_hf, save_hf, tiny
 from sgs_jax.models.attention import AttentionMask, select_backend
 from sgs_jax.models.build import create_model
-from sgs_jax.models.llama import project
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.rl.optimizer import OptimizerConfig
 from sgs_jax.rl.train_step import TrainConfig, Trainer
@@ -202,34 +202,21 @@ def run(seq: int, args) -> float:
     return ref_s / best["default"]
 
 
-def projection_shapes(config) -> list[tuple[int, int, int]]:
-    """(in features, out features, count) of the projection matmuls of one forward pass:
-    each layer's query, key, value, output, gate, up and down projections, and the LM head."""
-    c = config
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    layer = [(c.hidden_size, q), (c.hidden_size, kv), (c.hidden_size, kv), (q, c.hidden_size),
-             (c.hidden_size, c.intermediate_size), (c.hidden_size, c.intermediate_size), (c.intermediate_size, c.hidden_size)]
-    shapes = collections.Counter(layer * c.num_layers)
-    shapes[(c.hidden_size, c.vocab_size)] += 1
-    return [(k, n, count) for (k, n), count in shapes.items()]
-
-
 def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dict[str, float], float]:
     """Seconds one optimiser step spends in its projection matmuls alone, per side, and
     the best rate (FLOP/s) any one timed projection reached (its forward, input and
     weight gradients together).
 
     slots: {side: token slots (padding included) of each of its micro-batches}; a side
-    named "torch" runs PyTorch's matmuls (forward x @ W^T, then dy @ W and dy^T @ x, as
-    `nn.Linear`'s backward does), any other our own (`llama.project` and its VJP, as the
-    step runs them on one CPU device). Every distinct matmul is timed alone (best of
-    `repeats` x 5 calls; ours in turn with each other, then torch's: interleaved, a short
-    JAX call right after torch's read up to 3x slower) and summed over the step's
-    micro-batches. The step's time over this floor is what everything else costs
+    named "torch" runs PyTorch's three products of each projection
+    (`projections.torch_products`, as `nn.Linear` and its backward compute them), any other
+    our own (`projections.our_products`: `llama.project` and its VJP, each product a jitted
+    call, on one CPU device), the same calls `matmul.py` times one by one. Each distinct
+    projection's three products are timed together (best of `repeats` x 5 calls; ours in
+    turn with each other, then torch's: interleaved, a short JAX call right after torch's
+    read up to 3x slower) and summed over the step's micro-batches. The step's time over this floor is what everything else costs
     (attention, norms, the loss, Adam, dispatch)."""
     rng = np.random.default_rng(0)
-    fwd = jax.jit(project)
-    fwd_bwd = jax.jit(lambda x, w, dy: jax.vjp(project, x, w)[1](dy))
     calls, uses = {}, collections.Counter()
     for side, counts in slots.items():
         for tokens in counts:
@@ -239,12 +226,8 @@ def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dic
                 if key in calls:
                     continue
                 x, w, dy = (rng.standard_normal(shape, np.float32) for shape in ((tokens, k), (k, n), (tokens, n)))
-                if side == "torch":
-                    tx, tw, tdy = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(w.T)), torch.from_numpy(dy)
-                    calls[key] = functools.partial(lambda x, w, dy: (x @ w.T, dy @ w, dy.T @ x), tx, tw, tdy)
-                else:
-                    jx, jw, jdy = jax.device_put(x), jax.device_put(w), jax.device_put(dy)
-                    calls[key] = functools.partial(lambda x, w, dy: jax.block_until_ready((fwd(x, w), fwd_bwd(x, w, dy))), jx, jw, jdy)
+                products = (torch_products if side == "torch" else our_products)(x, w, dy)
+                calls[key] = functools.partial(_in_turn, products)
     best = {}
     for torch_side in (False, True):
         best.update(alternated_best({key: fn for key, fn in calls.items() if (key[0] == "torch") == torch_side}, repeats, calls=5))
@@ -253,6 +236,12 @@ def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dic
         floor[key[0]] += count * best[key]
     peak = max(6 * tokens * k * n / best[(side, tokens, k, n)] for side, tokens, k, n in calls)
     return floor, peak
+
+
+def _in_turn(calls) -> None:
+    """Make each of `calls` once, in order."""
+    for call in calls:
+        call()
 
 
 def main(argv=None) -> None:

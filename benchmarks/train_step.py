@@ -214,8 +214,8 @@ def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dic
     call, on one CPU device), the same calls `matmul.py` times one by one. Each distinct
     projection's three products are timed together (best of `repeats` x 5 calls; ours in
     turn with each other, then torch's: interleaved, a short JAX call right after torch's
-    read up to 3x slower) and summed over the step's micro-batches. The step's time over this floor is what everything else costs
-    (attention, norms, the loss, Adam, dispatch)."""
+    read up to 3x slower) and summed over the step's micro-batches. The step's time over
+    this floor is what everything else costs (attention, norms, the loss, Adam, dispatch)."""
     rng = np.random.default_rng(0)
     calls, uses = {}, collections.Counter()
     for side, counts in slots.items():

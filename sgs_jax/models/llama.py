@@ -55,7 +55,7 @@ def project(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
     flattened token axis of x and of the output gradient as they are. Left to autodiff,
     XLA:CPU writes the output gradient (or an elementwise result feeding it) out transposed
     for that dot, a strided copy of every [tokens, features] gradient in the layer scan's
-    backward (`docs/training.md`). Elsewhere (accelerators, and CPU meshes of several
+    backward (`docs/training_benchmark.md`). Elsewhere (accelerators, and CPU meshes of several
     devices, which stand in for them in tests) it is `jnp.tensordot`, whose gradient GSPMD
     shards and those compilers lay out well."""
     if _one_cpu_device():

@@ -6,8 +6,8 @@ ends: about 250 MB per optimiser step of `benchmarks/train_step.py` at 256 token
 own arenas, which mmap anything over 64 MiB whatever the threshold) and unmaps it on free,
 so every call faults its scratch in again page by page, each 4 KiB page zeroed by the
 kernel: measured on a 2-core host, 62k page faults and 0.12 s of kernel time per optimiser
-step at 256 tokens, 253k and 0.5 s at 1,024 (docs/training.md, "The scratch that was
-faulted in on every call").
+step at 256 tokens, 253k and 0.5 s at 1,024 (docs/training_benchmark.md, "The scratch that
+was faulted in on every call").
 
 `SGS_HOST_MALLOC=keep` switches glibc (`mallopt`) to one arena, no mmapped blocks and no
 trimming: a freed block goes back to the heap and the next call's scratch reuses it, already
@@ -26,12 +26,13 @@ An alternative needing no code: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` in the
 environment (glibc 2.35+, transparent huge pages in `madvise` mode or `always`) faults the
 scratch in 2 MiB at a time, with the arenas left alone. It matched `keep` for one trainer
 alone in a process, but not inside the training benchmark, where one of its sides ran
-slower than under the system allocator (docs/training.md), so nothing here sets it.
+slower than under the system allocator (docs/training_benchmark.md), so nothing here sets
+it.
 
 Programs run on the calling thread (`jax_cpu_enable_async_dispatch=False`) with mmap and
 trimming off would also stop the faults without the one arena, as fast for training, but
-the sampler then loses its overlap of host and device (5-12% slower; docs/training.md), so
-it is not offered.
+the sampler then loses its overlap of host and device (5-12% slower;
+docs/training_benchmark.md), so it is not offered.
 
 It must be set before JAX starts its CPU client: a thread keeps the arena it first
 allocated from, and XLA's worker threads are made with the client. The CLI entry points

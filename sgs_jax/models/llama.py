@@ -220,7 +220,7 @@ class FusedProjections:
     and gate/up kernels concatenated, gate_up [L, E, 2 mlp]: one matmul each instead of
     three and two. Built once per cached forward on CPU (`Llama._cached_layers`), outside
     the layer scan, so inside a decode loop XLA computes it once per loop, not per step: at
-    decode's few rows XLA:CPU runs the wider matmuls faster (`docs/sampling.md`)."""
+    decode's few rows XLA:CPU runs the wider matmuls faster (`docs/sampling_benchmark.md`)."""
 
     qkv: jax.Array
     gate_up: jax.Array

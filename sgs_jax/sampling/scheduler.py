@@ -36,7 +36,7 @@ def work_bucket(entries: int) -> int:
     """Smallest size >= entries of the form m * 2^n with m in 4..7 (sizes up to 8 exact):
     four shapes per octave, so at most a fifth of a work list is padding. Two per octave
     (2^n, 3 * 2^n: up to a third) cost the CPU straggler case about 10% of the short rows'
-    tokens/s, as the list's size steps in every chunk (docs/sampling.md)."""
+    tokens/s, as the list's size steps in every chunk (docs/sampling_benchmark.md)."""
     if entries <= 8:
         return max(entries, 1)
     unit = 1 << ((entries - 1).bit_length() - 3)  # entries is in (4 * unit, 8 * unit]

@@ -5,6 +5,7 @@ renamed; a stale pointer is found here rather than by a reader."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -22,7 +23,10 @@ def heading_slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@functools.cache
 def anchors(path: Path) -> set[str]:
+    """The anchors of `path`'s headings (lines in fenced code blocks are not headings);
+    read once per file, however many links point into it."""
     in_code = False
     out = set()
     for line in path.read_text(encoding="utf-8").splitlines():

@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
-    print(host_malloc())
+    print(host_malloc(may_restart=argv is None))
     print(f"attention fwd+bwd, {BATCH} rows x {HEADS} heads ({KV_HEADS} KV) x head dim {DIM}, fp32, "
           f"{torch.get_num_threads()} threads, best of {args.repeats}; load {os.getloadavg()[0]:.1f}")
     print(f"{'T':>6} {'backend':<32}{'ms':>10}{'vs torch':>10}")

@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timings per call; the best is reported")
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)  # XLA's CPU client also uses every core
-    print(host_malloc())
+    print(host_malloc(may_restart=argv is None))
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     rng = np.random.default_rng(0)
     shapes = sorted({(k, n) for k, n, _ in projection_shapes(model_config(256))})

@@ -153,7 +153,7 @@ def main(argv=None) -> list[OpTime]:
     ap.add_argument("--calls", type=int, default=3, help="profiled calls (after a warm-up call)")
     ap.add_argument("--top", type=int, default=15, help="op kinds printed")
     args = ap.parse_args(argv)
-    print(host_malloc())
+    print(host_malloc(may_restart=argv is None))
     fn, title = train_program(args.seq, args.variant) if args.program == "train" else decode_program()
     busy = cores_busy(fn, args.calls)
     ops, wall = profile(fn, args.calls)

@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mean", type=int, default=96, help="mean cached tokens per row")
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args(argv)
-    print(host_malloc())
+    print(host_malloc(may_restart=argv is None))
     q, k, v, pool, table, cached = problem(args.mean)
     live_bytes = int((cached + 1).sum()) * KV_HEADS * DIM * 4 * 2 * LAYERS
     stream = jnp.ones((STREAM_BYTES // 4,), jnp.float32)

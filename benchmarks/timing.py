@@ -3,18 +3,21 @@ is on the import path)."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Mapping
 
-from sgs_jax.parallel.host_memory import configure_host_malloc
+from sgs_jax.parallel.host_memory import SETTING_ENV, configure_host_malloc
 
 
-def host_malloc() -> str:
-    """Set the host allocator as a run's entry point does ($SGS_HOST_MALLOC, default the C
-    library's own; `parallel/host_memory.py`) before JAX starts, and say so in a header
-    line. It is process-wide, so a benchmark's reference side (PyTorch) runs under it too."""
-    choice = configure_host_malloc()
-    how = "freed memory kept for reuse" if choice.kept else "the C library's defaults"
+def host_malloc(may_restart: bool) -> str:
+    """Set the host allocator as the CPU launcher does ($SGS_HOST_MALLOC, default `keep`:
+    large freed blocks kept for reuse; `parallel/host_memory.py`) before JAX starts, and say
+    so in a header line. It is process-wide, so a benchmark's reference side (PyTorch) runs
+    under it too. may_restart: the process may restart itself to preload the allocator's
+    library (a benchmark run as a script; not one called in-process by the tests)."""
+    choice = configure_host_malloc(os.environ.get(SETTING_ENV) or "keep", may_restart=may_restart)
+    how = "large freed blocks kept for reuse" if choice.kept else "the C library's defaults"
     return f"host malloc: {how} ({choice.why}), for every side"
 
 

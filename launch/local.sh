@@ -49,6 +49,9 @@ case "$cmd" in
       config=$1
       shift
     fi
+    # Large freed blocks kept for reuse, so XLA:CPU's per-call scratch is not faulted in
+    # afresh on every call (sgs_jax/parallel/host_memory.py; SGS_HOST_MALLOC=system turns it off).
+    export SGS_HOST_MALLOC=${SGS_HOST_MALLOC:-keep}
     # Compiled programs persist across runs in .cache/jax (a second run skips most of the
     # first iteration's compiling); --config.run.compile_cache_dir=off turns this off.
     # Remaining arguments go to sgs-train as they are, e.g. --config.run.iterations=3

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        configure_host_malloc()  # before JAX starts its CPU client
+        configure_host_malloc(may_restart=argv is None)  # before JAX starts its CPU client
         run(args)
     except (ConfigError, RunDirError, CheckpointError, CheckpointRestoreError, TokenizerError, TargetFileError, OSError, ValueError, TypeError) as err:
         print(f"sgs-eval: {err}", file=sys.stderr)

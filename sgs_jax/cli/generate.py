@@ -120,7 +120,7 @@ def run(args: argparse.Namespace, progress: TextIO | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        configure_host_malloc()  # before JAX starts its CPU client
+        configure_host_malloc(may_restart=argv is None)  # before JAX starts its CPU client
         run(args, None if args.no_progress else sys.stderr)
     except (TokenizerError, CheckpointError, OSError, ValueError) as err:
         print(f"sgs-generate: {err}", file=sys.stderr)

@@ -71,6 +71,7 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv=None) -> int:
+    from_command_line = argv is None  # only then may the process restart itself (host allocator)
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(arg in ("-h", "--help", "-help") for arg in argv):
         print(usage())
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     from sgs_jax.parallel.host_memory import configure_host_malloc
 
     try:
-        configure_host_malloc()  # before JAX starts its CPU client (sgs_jax.parallel.host_memory)
+        configure_host_malloc(may_restart=from_command_line)  # before JAX starts (sgs_jax.parallel.host_memory)
     except ValueError as err:
         return _fail(str(err), 2)
     fv = flags.FlagValues()

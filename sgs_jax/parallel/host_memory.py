@@ -1,4 +1,4 @@
-"""The host allocator, for CPU runs that choose it: memory the process frees kept for its own reuse.
+"""The host allocator for CPU runs: large blocks the process frees kept mapped for its own reuse.
 
 XLA:CPU allocates each program call's temporary buffer afresh and frees it when the call
 ends: about 250 MB per optimiser step of `benchmarks/train_step.py` at 256 tokens, 1 GB at
@@ -9,95 +9,130 @@ kernel: measured on a 2-core host, 62k page faults and 0.12 s of kernel time per
 step at 256 tokens, 253k and 0.5 s at 1,024 (docs/training_benchmark.md, "The scratch that
 was faulted in on every call").
 
-`SGS_HOST_MALLOC=keep` switches glibc (`mallopt`) to one arena, no mmapped blocks and no
-trimming: a freed block goes back to the heap and the next call's scratch reuses it, already
-mapped (0 faults per step). It is a trade, so it is opt-in, per launch (a fact of the host,
-not of the run: it changes no result):
+`SGS_HOST_MALLOC=keep` preloads `native/large_blocks.cc` (built on first use, like the
+attention kernels, with the host's C++ compiler): it takes over glibc's malloc family for
+blocks of 4 MiB and more, keeps a freed one mapped, and hands it back to the next request of
+a similar size, already faulted in (idle blocks up to a quarter of physical memory). Smaller
+blocks, nearly all of what compiling allocates, stay glibc's, so compiles run as under the
+system allocator. A library must be loaded before the process starts, so `keep` restarts
+the process (`os.execv`, the same command line) with it in `LD_PRELOAD`, where the caller
+allows (`may_restart`: the command-line entry points and the benchmarks); the restarted
+process takes it out of the environment again, so its subprocesses (Lean) run without it.
 
-  system   (default) leave the allocator as the C library set it
-  keep     keep freed memory for reuse. Faster where the time goes to running programs:
-           the training benchmark's step 1.19x / 1.44x torch's at 256 / 1,024 tokens,
-           against 1.03x / 1.27x. Slower where it goes to compiling and to many threads
-           allocating at once (all sharing the one arena: the likely cause): `bash launch/local.sh
-           sgs` 85-89 s against 75-79 s, a compile-bound test file 64-72 s against 56-59 s.
-           The process also keeps its high-water mark (freed memory is not returned).
+  system   (the default here) leave the allocator as the C library set it
+  keep     (the default of the CPU launcher, `launch/local.sh`, and of the benchmarks) keep
+           large freed blocks mapped for reuse. Faster where the time goes to running
+           programs, as fast where it goes to compiling (docs/training.md, "The host
+           allocator"); the process keeps its large blocks' high-water mark, and
+           accelerators gain nothing from it, so it is not the library's default.
 
-An alternative needing no code: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` in the
-environment (glibc 2.35+, transparent huge pages in `madvise` mode or `always`) faults the
-scratch in 2 MiB at a time, with the arenas left alone. It matched `keep` for one trainer
-alone in a process, but not inside the training benchmark, where one of its sides ran
-slower than under the system allocator (docs/training_benchmark.md), so nothing here sets
-it.
-
-Programs run on the calling thread (`jax_cpu_enable_async_dispatch=False`) with mmap and
-trimming off would also stop the faults without the one arena, as fast for training, but
-the sampler then loses its overlap of host and device (5-12% slower;
-docs/training_benchmark.md), so it is not offered.
-
-It must be set before JAX starts its CPU client: a thread keeps the arena it first
-allocated from, and XLA's worker threads are made with the client. The CLI entry points
-and the benchmarks call `configure_host_malloc` first thing.
+Without a C++ compiler, or where the build fails, `keep` is logged and left at `system`.
+(Until 2026-12-06 `keep` switched glibc itself to one arena with no mmap and no trimming
+(`mallopt`): the same reuse, but compiles ran 10-20% slower, all threads sharing the one
+arena; docs/training_benchmark.md has both.)
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import dataclasses
 import logging
 import os
+import sys
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 SETTING_ENV = "SGS_HOST_MALLOC"
 SETTINGS = ("system", "keep")
-
-# glibc's mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
-_NEVER_TRIM = 2**31 - 1  # the largest value mallopt takes (an int): never give the heap's top back
+_SOURCE = Path(__file__).resolve().parent / "native" / "large_blocks.cc"
+_STATS_SYMBOL = "sgs_large_blocks_stats"  # exported by the library: its presence says it is loaded
+_RESTARTED_ENV = "SGS_HOST_MALLOC_RESTARTED"  # set for the restarted process: never restart twice
 
 
 @dataclasses.dataclass(frozen=True)
 class HostMallocChoice:
-    """What `configure_host_malloc` did: `kept` = glibc now keeps freed memory; `why` says why, in words."""
+    """What `configure_host_malloc` did: `kept` = large freed blocks are now kept for reuse;
+    `why` says why, in words."""
 
     kept: bool
     why: str
 
 
-_kept: HostMallocChoice | None = None  # what switched glibc, once it has been (there is no switching back)
+@dataclasses.dataclass(frozen=True)
+class LargeBlockStats:
+    """The preloaded library's counters since the process started."""
+
+    reused: int  # requests served by a kept block
+    mapped: int  # blocks mapped afresh
+    unmapped: int  # kept blocks given back to the OS (beyond the idle cap, or out of slots)
+    idle_bytes: int  # bytes mapped and kept, not in use
 
 
-def configure_host_malloc(setting: str | None = None) -> HostMallocChoice:
-    """Switch glibc to keep freed memory for reuse (one arena, no mmapped blocks, no
-    trimming) when `setting` (default: $SGS_HOST_MALLOC, else "system") is "keep"; see the
-    module docstring. Call before JAX's first computation. Raises ValueError on an unknown
-    setting; anything else (no glibc, JAX already started) is logged and left as it is."""
+def large_block_stats() -> LargeBlockStats | None:
+    """The counters of the preloaded large-block library, or None when it is not loaded."""
+    stats = getattr(ctypes.CDLL(None), _STATS_SYMBOL, None)
+    if stats is None:
+        return None
+    out = (ctypes.c_size_t * 4)()
+    stats(out)
+    return LargeBlockStats(*(int(v) for v in out))
+
+
+def configure_host_malloc(setting: str | None = None, *, may_restart: bool = False) -> HostMallocChoice:
+    """Keep large freed blocks mapped for reuse when `setting` (default: $SGS_HOST_MALLOC,
+    else "system") is "keep"; see the module docstring. That needs the library preloaded:
+    if it is not, and `may_restart`, the process restarts itself with it (this call then does
+    not return); otherwise the choice is logged and left at system. Call first thing in an
+    entry point, before any output that must not be repeated. Raises ValueError on an
+    unknown setting; anything else (no compiler, a failed build) is logged and left as it is."""
     setting = (setting if setting is not None else os.environ.get(SETTING_ENV, "system")).strip().lower() or "system"
     if setting not in SETTINGS:
         raise ValueError(f"{SETTING_ENV} must be one of {SETTINGS}, got {setting!r}")
-    global _kept
-    if _kept is not None:  # already switched in this process (switching back is not possible)
-        return _kept
+    if large_block_stats() is not None:
+        _forget_preload()
+        return HostMallocChoice(True, f"{SETTING_ENV}=keep" if setting == "keep" else "the large-block library is preloaded")
     if setting == "system":
         return HostMallocChoice(False, f"{SETTING_ENV}=system")
-    from jax._src import xla_bridge
+    if os.environ.get(_RESTARTED_ENV):
+        log.warning("%s=keep: the preloaded library did not load (LD_PRELOAD=%s); the system allocator stays",
+                    SETTING_ENV, os.environ.get("LD_PRELOAD", ""))
+        return HostMallocChoice(False, "the preloaded library did not load")
+    if not may_restart:
+        log.info("%s=keep needs a restart with the library preloaded, which this caller does not allow", SETTING_ENV)
+        return HostMallocChoice(False, "no restart allowed here")
+    library = _library()
+    if library is None:
+        return HostMallocChoice(False, "the large-block library did not build")
+    preload = os.environ.get("LD_PRELOAD", "")
+    os.environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else str(library)
+    os.environ[_RESTARTED_ENV] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    raise AssertionError("unreachable")  # execv returns only by raising OSError
 
-    if xla_bridge.backends_are_initialized():  # e.g. a CLI's main called in a process that has run JAX
-        log.info("host malloc left as it is: JAX has already started, and its threads keep their own arenas")
-        return HostMallocChoice(False, "JAX had already started")
+
+def _library() -> Path | None:
+    """The built large-block library (compiled now unless cached), or None, logged."""
+    from sgs_jax.models import native
+
+    compiler = native.compiler()
+    if compiler is None:
+        log.warning("%s=keep: no C++ compiler found ($CXX, c++, g++, clang++); the system allocator stays", SETTING_ENV)
+        return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return HostMallocChoice(False, "not glibc (no mallopt)")
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # Arenas first: from here on a new thread shares the main arena, the only one that can
-    # grow without mmap.
-    done = [mallopt(param, value) for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER_TRIM))]
-    if not all(done):
-        return HostMallocChoice(False, f"mallopt refused ({done})")
-    _kept = HostMallocChoice(True, f"{SETTING_ENV}={setting}")
-    return _kept
+        return native.build(_SOURCE, compiler)
+    except (OSError, RuntimeError) as error:
+        log.warning("%s=keep: the large-block library did not build (%s); the system allocator stays", SETTING_ENV, error)
+        return None
+
+
+def _forget_preload() -> None:
+    """Take the library out of this process's environment, so that subprocesses run without it."""
+    os.environ.pop(_RESTARTED_ENV, None)
+    kept = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p and not Path(p).name.startswith(_SOURCE.stem + "-")]
+    if kept:
+        os.environ["LD_PRELOAD"] = ":".join(kept)
+    else:
+        os.environ.pop("LD_PRELOAD", None)

@@ -16,7 +16,7 @@ def use_portable_build(patch, kernel_cache, source: str, targets: dict[str, str]
     every call traced after this runs the portable build. targets: `native` constant ->
     exported handler symbol."""
     patch.setenv("SGS_JAX_KERNEL_CACHE", str(kernel_cache))
-    library = ctypes.CDLL(str(native._build(native._SOURCE_DIR / source, native._compiler(), portable=True)))
+    library = ctypes.CDLL(str(native.build(native._SOURCE_DIR / source, native.compiler(), portable=True)))
     for constant, symbol in targets.items():
         name = f"{getattr(native, constant)}_portable"
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")

@@ -29,13 +29,13 @@ def fresh(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("source", ["paged_attention.cc", "flash_attention.cc"])
 def test_builds_once_into_the_cache(fresh, source):
-    if native._compiler() is None:
+    if native.compiler() is None:
         pytest.skip("no C++ compiler here")
     source = native._SOURCE_DIR / source
-    first = native._build(source, native._compiler())
+    first = native.build(source, native.compiler())
     assert first.parent == fresh and first.suffix == ".so" and first.stat().st_size > 0
     mtime = first.stat().st_mtime_ns
-    assert native._build(source, native._compiler()) == first and first.stat().st_mtime_ns == mtime  # cached, not rebuilt
+    assert native.build(source, native.compiler()) == first and first.stat().st_mtime_ns == mtime  # cached, not rebuilt
     assert [p.name for p in fresh.iterdir()] == [first.name]  # no partial files left behind
 
 
@@ -54,7 +54,7 @@ def test_a_failing_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog,
 
 
 def test_no_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog):
-    monkeypatch.setattr(native, "_compiler", lambda: None)
+    monkeypatch.setattr(native, "compiler", lambda: None)
     with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert native.paged_attention_target() is False
     assert "no C++ compiler" in caplog.text

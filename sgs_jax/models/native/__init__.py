@@ -56,7 +56,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SGS_JAX_KERNEL_CACHE") or Path.home() / ".cache" / "sgs_jax" / "kernels")
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
+    """The host's C++ compiler: $CXX, else the first of c++, g++, clang++ on PATH; None if none."""
     for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
         if name and shutil.which(name):
             return shutil.which(name)
@@ -73,8 +74,9 @@ def _cpu_signature() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def _build(source: Path, compiler: str, portable: bool = False) -> Path:
-    """The built library of `source` (compiled now unless cached); raises on failure.
+def build(source: Path, compiler: str, portable: bool = False) -> Path:
+    """The built library of `source` (compiled now unless cached; any C++ source beside
+    headers of its own folder, e.g. `parallel/native/large_blocks.cc`); raises on failure.
     portable: only the build without -march=native (the fallback for compilers without it:
     the compiler's baseline instruction set; tests check the kernels' narrow-vector path
     with it on any host)."""
@@ -109,12 +111,12 @@ def _build(source: Path, compiler: str, portable: bool = False) -> Path:
 def _load(source: str, targets: dict[str, str], what: str) -> bool:
     """Build (or find cached) `source`, load it and register each FFI target name ->
     exported handler symbol for the cpu platform; False (warned once) when it cannot."""
-    compiler = _compiler()
-    if compiler is None:
+    cxx = compiler()
+    if cxx is None:
         log.warning("no C++ compiler found ($CXX, c++, g++, clang++): %s uses its XLA path", what)
         return False
     try:
-        library = ctypes.CDLL(str(_build(_SOURCE_DIR / source, compiler)))
+        library = ctypes.CDLL(str(build(_SOURCE_DIR / source, cxx)))
         for name, symbol in targets.items():
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as error:

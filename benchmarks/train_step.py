@@ -4,7 +4,9 @@ the same batch, in one run.
 
 Both sides: weighted NLL of completion tokens divided by the batch's completion tokens,
 gradient accumulation over the same micro-batches, global-norm clip 1.0, Adam (0.9, 0.95),
-eps 1e-8, fp32, the same number of CPU threads. Each side runs as it would in use: ours pads
+eps 1e-8, fp32, the same number of CPU threads, the same host allocator (process-wide; as
+the CPU launcher runs, large freed blocks kept for reuse unless `SGS_HOST_MALLOC` says
+otherwise: the first line printed says which). Each side runs as it would in use: ours pads
 micro-batches to the Trainer's length buckets, PyTorch to each micro-batch's longest row.
 Both are warmed up the same way (two full optimiser steps on the whole batch: compilation
 for us, allocator and kernel caches for PyTorch), then timed alternately, `--repeats`

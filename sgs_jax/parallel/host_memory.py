@@ -11,7 +11,7 @@ was faulted in on every call").
 
 `SGS_HOST_MALLOC=keep` preloads `native/large_blocks.cc` (built on first use, like the
 attention kernels, with the host's C++ compiler): it takes over glibc's malloc family for
-blocks of 4 MiB and more, keeps a freed one mapped, and hands it back to the next request of
+blocks over 32 MiB (those glibc always maps afresh), keeps a freed one mapped, and hands it back to the next request of
 a similar size, already faulted in (idle blocks up to a quarter of physical memory). Smaller
 blocks, nearly all of what compiling allocates, stay glibc's, so compiles run as under the
 system allocator. A library must be loaded before the process starts, so `keep` restarts

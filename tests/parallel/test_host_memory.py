@@ -57,7 +57,7 @@ def test_kept_large_blocks_stop_the_per_call_page_faults():
     assert faults_kept < faults_system / 100
 
 
-# The malloc family's contracts on the library's blocks (4 MiB and more), through libc
+# The malloc family's contracts on the library's blocks (over 32 MiB), through libc
 # itself: a reused block handed out by calloc is zeroed, realloc keeps the contents either
 # way, malloc_usable_size answers for them, posix_memalign refuses a bad alignment, and
 # small blocks stay glibc's.
@@ -71,7 +71,7 @@ _CONTRACTS = textwrap.dedent("""
                             ("malloc_usable_size", ctypes.c_size_t, [ctypes.c_void_p]),
                             ("posix_memalign", ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t])]:
         getattr(libc, name).restype, getattr(libc, name).argtypes = res, args
-    n = 8 << 20
+    n = 40 << 20
     a = libc.malloc(n)
     ctypes.memset(a, 0xAB, n)
     assert libc.malloc_usable_size(a) >= n

@@ -109,8 +109,13 @@ def configure_host_malloc(setting: str | None = None, *, may_restart: bool = Fal
     os.environ[_RESTARTED_ENV] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
-    raise AssertionError("unreachable")  # execv returns only by raising OSError
+    try:
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    except OSError as error:  # execv returns only by raising
+        _forget_preload()
+        log.warning("%s=keep: the restart failed (%s); the system allocator stays", SETTING_ENV, error)
+        return HostMallocChoice(False, f"the restart failed ({error})")
+    raise AssertionError("unreachable")
 
 
 def _library() -> Path | None:

@@ -120,6 +120,18 @@ def test_keep_without_a_compiler_is_left_at_system_without_a_restart(monkeypatch
     assert not choice.kept and "did not build" in choice.why
 
 
+def test_a_failed_restart_is_left_at_system_and_leaves_the_environment_as_it_was(monkeypatch):
+    if large_block_stats() is not None:
+        pytest.skip("this test process runs with the library preloaded")
+    if native.compiler() is None:
+        pytest.skip("no C++ compiler here")
+    monkeypatch.setenv("LD_PRELOAD", "")
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # execv raises instead of replacing pytest
+    choice = configure_host_malloc("keep", may_restart=True)
+    assert not choice.kept and "restart failed" in choice.why
+    assert not os.environ.get("LD_PRELOAD") and "SGS_HOST_MALLOC_RESTARTED" not in os.environ
+
+
 def test_an_unknown_setting_is_refused_by_name():
     with pytest.raises(ValueError, match="SGS_HOST_MALLOC must be one of"):
         configure_host_malloc("sometimes")

@@ -101,7 +101,9 @@ def configure_host_malloc(setting: str | None = None, *, may_restart: bool = Fal
     if not may_restart:
         log.info("%s=keep needs a restart with the library preloaded, which this caller does not allow", SETTING_ENV)
         return HostMallocChoice(False, "no restart allowed here")
-    library = _library()
+    from sgs_jax.models import native
+
+    library = native.build_or_warn(_SOURCE, f"{SETTING_ENV}=keep stays at the system allocator")
     if library is None:
         return HostMallocChoice(False, "the large-block library did not build")
     preload = os.environ.get("LD_PRELOAD", "")
@@ -116,21 +118,6 @@ def configure_host_malloc(setting: str | None = None, *, may_restart: bool = Fal
         log.warning("%s=keep: the restart failed (%s); the system allocator stays", SETTING_ENV, error)
         return HostMallocChoice(False, f"the restart failed ({error})")
     raise AssertionError("unreachable")
-
-
-def _library() -> Path | None:
-    """The built large-block library (compiled now unless cached), or None, logged."""
-    from sgs_jax.models import native
-
-    compiler = native.compiler()
-    if compiler is None:
-        log.warning("%s=keep: no C++ compiler found ($CXX, c++, g++, clang++); the system allocator stays", SETTING_ENV)
-        return None
-    try:
-        return native.build(_SOURCE, compiler)
-    except (OSError, RuntimeError) as error:
-        log.warning("%s=keep: the large-block library did not build (%s); the system allocator stays", SETTING_ENV, error)
-        return None
 
 
 def _forget_preload() -> None:

@@ -108,19 +108,34 @@ def build(source: Path, compiler: str, portable: bool = False) -> Path:
     raise RuntimeError(f"{compiler} failed to build {source.name}:\n" + "\n---\n".join(errors))
 
 
+def build_or_warn(source: Path, fallback: str) -> Path | None:
+    """The built library of `source` (`build` with the host's compiler), or None with a
+    warning ending in `fallback` (what the caller does instead) when there is no compiler or
+    the build fails."""
+    cxx = compiler()
+    if cxx is None:
+        log.warning("no C++ compiler found ($CXX, c++, g++, clang++): %s", fallback)
+        return None
+    try:
+        return build(source, cxx)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        log.warning("%s did not build (%s): %s", source.name, error, fallback)
+        return None
+
+
 def _load(source: str, targets: dict[str, str], what: str) -> bool:
     """Build (or find cached) `source`, load it and register each FFI target name ->
     exported handler symbol for the cpu platform; False (warned once) when it cannot."""
-    cxx = compiler()
-    if cxx is None:
-        log.warning("no C++ compiler found ($CXX, c++, g++, clang++): %s uses its XLA path", what)
+    fallback = f"{what} uses its XLA path"
+    path = build_or_warn(_SOURCE_DIR / source, fallback)
+    if path is None:
         return False
     try:
-        library = ctypes.CDLL(str(build(_SOURCE_DIR / source, cxx)))
+        library = ctypes.CDLL(str(path))
         for name, symbol in targets.items():
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
-    except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as error:
-        log.warning("the native kernel %s is unavailable (%s): %s uses its XLA path", source, error, what)
+    except (OSError, AttributeError) as error:
+        log.warning("the native kernel %s is unavailable (%s): %s", source, error, fallback)
         return False
     return True
 

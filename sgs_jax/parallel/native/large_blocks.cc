@@ -75,8 +75,9 @@ int largest_idle() {
   return best;
 }
 
-// A large block of at least n bytes (page-aligned), or nullptr to fall back to glibc.
-void* take(size_t n) {
+// A large block of at least n bytes (page-aligned), or nullptr to fall back to glibc;
+// *was_kept (if given) says whether it was kept from before (else freshly mapped: zeroed).
+void* take(size_t n, bool* was_kept = nullptr) {
   const size_t bytes = (n + kPage - 1) & ~(kPage - 1);
   pthread_mutex_lock(&mutex);
   int best = -1;
@@ -88,10 +89,12 @@ void* take(size_t n) {
     blocks[best].in_use = true;
     idle_bytes -= blocks[best].bytes;
     ++reused;
+    if (was_kept) *was_kept = true;
     void* p = blocks[best].start;
     pthread_mutex_unlock(&mutex);
     return p;
   }
+  if (was_kept) *was_kept = false;
   int slot = find(nullptr);
   if (slot < 0 && (slot = largest_idle()) >= 0) unmap(slot);
   if (slot >= 0) blocks[slot] = Block{reinterpret_cast<void*>(1), 0, true};  // reserved while mapping
@@ -160,8 +163,9 @@ void* calloc(size_t count, size_t size) noexcept {
     return nullptr;
   }
   const size_t n = count * size;
+  bool was_kept = false;
   if (n >= kLargeBlock)
-    if (void* p = take(n)) return std::memset(p, 0, n);  // a reused block holds old data
+    if (void* p = take(n, &was_kept)) return was_kept ? std::memset(p, 0, n) : p;  // a kept block holds old data
   return __libc_calloc(count, size);
 }
 

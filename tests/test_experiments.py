@@ -7,7 +7,7 @@ import pytest
 
 from sgs_jax import experiments as ex
 from sgs_jax.cli import experiments as cli
-from sgs_jax.config import load_config, parse_config_flags
+from sgs_jax.config import parse_config_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FINDINGS = ROOT / "configs" / "experiments" / "findings.py"

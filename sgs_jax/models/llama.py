@@ -32,6 +32,7 @@ from flax import nnx
 
 from sgs_jax.models.attention import ATTENTION_LSE, ATTENTION_OUT, AttentionMask, attend
 from sgs_jax.models.config import ModelConfig
+from sgs_jax.models.elementwise import rms_norm, swiglu
 from sgs_jax.models.kv_cache import KVCache
 from sgs_jax.models.paged_attention import paged_decode
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache
@@ -116,9 +117,7 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Normalise in fp32, then scale in the input's dtype (as transformers does)."""
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.scale[...].astype(x.dtype) * normed.astype(x.dtype)
+        return rms_norm(x, self.scale[...], self.eps)
 
 
 class Attention(nnx.Module):
@@ -190,7 +189,7 @@ class MLP(nnx.Module):
             up = project(x, self.up_proj.kernel[...].astype(dt))
         else:
             gate, up = jnp.split(project(x, gate_up_kernel.astype(dt)), 2, axis=-1)
-        hidden = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
+        hidden = constrain(swiglu(gate, up), ("batch", "seq", "act_mlp"))
         return project(hidden, self.down_proj.kernel[...].astype(dt))
 
 

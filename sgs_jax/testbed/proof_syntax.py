@@ -227,9 +227,8 @@ class ProofParser:
             names = []
             while not ts.at("=>"):
                 names.append(self.binder_name())
-            arrow = ts.expect("=>")
+            ts.expect("=>")
             alts.append((ctor.text, tuple(names), self.block(col)))
-            del arrow
         if not alts:
             tok = ts.peek()
             raise LeanSyntaxError("expected '|' alternatives after 'with'", tok.line, tok.col)

@@ -171,8 +171,6 @@ def test_tpu_kernel_compiles_deviceless_without_pool_copies():
     kernel reads the pool buffer in place; temporaries stay far below the pool)."""
     if importlib.util.find_spec("libtpu") is None:
         pytest.skip("libtpu is not installed")
-    import os
-
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     from jax.experimental import topologies

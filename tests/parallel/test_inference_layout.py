@@ -22,7 +22,6 @@ from jax.sharding import PartitionSpec
 from sgs_jax.models import deepseek_prover_v2_7b, tiny
 from sgs_jax.models.build import abstract_model
 from sgs_jax.parallel import INFERENCE_RULES, LAYOUTS, RULES, layout_rules, logical_to_spec, make_mesh, state_shardings
-from sgs_jax.parallel.placement import cast_and_shard
 from sgs_jax.parallel.rules import param_logical_axes
 from sgs_jax.rl.train_step import TrainConfig, Trainer
 from sgs_jax.sampling import Sampler, SamplingParams

@@ -32,7 +32,7 @@ from flax import nnx
 
 from sgs_jax.models.attention import ATTENTION_LSE, ATTENTION_OUT, AttentionMask, attend
 from sgs_jax.models.config import ModelConfig
-from sgs_jax.models.elementwise import rms_norm, swiglu
+from sgs_jax.models.elementwise import swiglu
 from sgs_jax.models.kv_cache import KVCache
 from sgs_jax.models.paged_attention import paged_decode
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache
@@ -117,7 +117,9 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Normalise in fp32, then scale in the input's dtype (as transformers does)."""
-        return rms_norm(x, self.scale[...], self.eps)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
 class Attention(nnx.Module):

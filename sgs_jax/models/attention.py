@@ -203,7 +203,8 @@ def _per_device(fn, q, k, v, segments):
     over the enclosing mesh (batch over data/fsdp, heads over tensor when both q and kv
     heads divide it); plain call outside one."""
     current = current_mesh()
-    if current is None:
+    if current is None or current[0].size == 1:
+        # One device: shard_map would only add an all-reduce over it to the gradients.
         return fn(q, k, v, segments)
     mesh, rules = current
     q_spec = logical_to_spec(("batch", "seq", "q_heads", "head_dim"), mesh, q.shape, rules)

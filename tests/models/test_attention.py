@@ -333,18 +333,34 @@ def _loss_and_grads(config):
     return jax.jit(jax.value_and_grad(lambda st: _model_loss(nnx.merge(graphdef, st))))(state)
 
 
-@pytest.fixture(scope="module")
-def reference_model_loss():
+# The native kernels take head dims of 16k; at the tiny config's 8 they would run blockwise.
+_NATIVE_CONFIG = _MODEL_CONFIG.replace(head_dim=16)
+
+
+def _reference_loss_and_grads(config):
     with pytest.MonkeyPatch.context() as patch:  # the same model with einsum attention
         patch.setattr(A, "select_backend", lambda *args: "reference")
-        return _loss_and_grads(_MODEL_CONFIG)
+        return _loss_and_grads(config)
+
+
+@pytest.fixture(scope="module")
+def reference_model_loss():
+    return _reference_loss_and_grads(_MODEL_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def native_reference_loss():
+    """The reference at the head dim the native kernels take."""
+    return _reference_loss_and_grads(_NATIVE_CONFIG)
 
 
 @pytest.mark.parametrize("implementation", ["xla", "splash", "auto", "blockwise", "native"])
-def test_model_forward_and_gradient_equal_the_reference_backend(implementation, reference_model_loss):
-    """The whole model (GQA, left and right padding) with each backend vs. einsum attention."""
-    ref_loss, ref_grads = reference_model_loss
-    got_loss, got_grads = _loss_and_grads(_MODEL_CONFIG.replace(attention=implementation))
+def test_model_forward_and_gradient_equal_the_reference_backend(implementation, request):
+    """The whole model (GQA, left and right padding) with each backend vs. einsum attention
+    (native at head dim 16, which its kernels take)."""
+    config = _NATIVE_CONFIG if implementation == "native" else _MODEL_CONFIG
+    ref_loss, ref_grads = request.getfixturevalue("native_reference_loss" if implementation == "native" else "reference_model_loss")
+    got_loss, got_grads = _loss_and_grads(config.replace(attention=implementation))
     np.testing.assert_allclose(float(got_loss), float(ref_loss), atol=0, rtol=1e-6)
     for got, want in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(ref_grads)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL, rtol=0)
@@ -417,24 +433,43 @@ def test_auto_compiles_the_splash_kernel_for_tpu_without_a_tpu():
     lowered.compile()
 
 
-def test_native_runs_per_device_under_a_mesh(reference_model_loss):
-    """On a (data, fsdp, tensor) = (2, 2, 2) mesh the native kernels run per device under
-    shard_map (batch over data x fsdp, heads over tensor): loss and gradients as the reference."""
-    if not native.flash_attention_targets():
-        pytest.skip("the native CPU kernels could not be built here (no C++ compiler?)")
-    mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    graphdef, state = nnx.split(create_model(_MODEL_CONFIG.replace(attention="native"), seed=1, mesh=mesh))
+def _native_gradient_on(mesh, config):
+    """The jitted value-and-gradient of the model loss with native attention inside
+    `activation_sharding(mesh)`, and the model state to call it on."""
+    graphdef, state = nnx.split(create_model(config.replace(attention="native"), seed=1, mesh=mesh))
 
     @jax.jit
     def sharded(state):
         with activation_sharding(mesh):
             return jax.value_and_grad(lambda st: _model_loss(nnx.merge(graphdef, st)))(state)
 
+    return sharded, state
+
+
+
+def test_native_runs_per_device_under_a_mesh(native_reference_loss):
+    """On a (data, fsdp, tensor) = (2, 2, 2) mesh the native kernels run per device under
+    shard_map (batch over data x fsdp, heads over tensor): loss and gradients as the reference."""
+    if not native.flash_attention_targets():
+        pytest.skip("the native CPU kernels could not be built here (no C++ compiler?)")
+    sharded, state = _native_gradient_on(make_mesh(data=2, fsdp=2, tensor=2), _NATIVE_CONFIG)
+    assert f'custom_call_target="{native.FLASH_FORWARD}"' in sharded.lower(state).compile().as_text()
     loss, grads = sharded(state)
-    ref_loss, ref_grads = reference_model_loss
+    ref_loss, ref_grads = native_reference_loss
     np.testing.assert_allclose(float(loss), float(ref_loss), atol=0, rtol=1e-6)
     for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=TOL, rtol=0)
+
+
+def test_native_on_one_device_adds_no_collective():
+    """On a one-device mesh (the Trainer's on CPU) the kernels run without shard_map, whose
+    transpose put an all-reduce over that one device on the q/k/v gradients of every layer."""
+    if not native.flash_attention_targets():
+        pytest.skip("the native CPU kernels could not be built here (no C++ compiler?)")
+    sharded, state = _native_gradient_on(make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1]), _NATIVE_CONFIG)
+    hlo = sharded.lower(state).compile().as_text()
+    assert f'custom_call_target="{native.FLASH_FORWARD}"' in hlo
+    assert " all-reduce(" not in hlo
 
 
 @pytest.mark.parametrize("remat, forward_calls", [("dots", 1), ("full", 2)])

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from sgs_jax.models import native as native_kernels
-from sgs_jax.parallel.rules import compile_platform, current_mesh, logical_to_spec
+from sgs_jax.parallel.rules import compile_platform, logical_to_spec, multi_device_mesh
 
 # Names of the native kernels' forward outputs that their backward reads (the output and
 # per-row log-sum-exp). A remat policy that saves them (`llama`'s "dots") keeps the backward
@@ -202,9 +202,9 @@ def _per_device(fn, q, k, v, segments):
     """`fn(q, k, v, segments)` (segments: [B, T] ids or None) per device under `shard_map`
     over the enclosing mesh (batch over data/fsdp, heads over tensor when both q and kv
     heads divide it); plain call outside one."""
-    current = current_mesh()
-    if current is None or current[0].size == 1:
-        # One device: shard_map would only add an all-reduce over it to the gradients.
+    # On one device shard_map would only add an all-reduce over it to the gradients.
+    current = multi_device_mesh()
+    if current is None:
         return fn(q, k, v, segments)
     mesh, rules = current
     q_spec = logical_to_spec(("batch", "seq", "q_heads", "head_dim"), mesh, q.shape, rules)

@@ -38,7 +38,7 @@ from sgs_jax.models.paged_attention import paged_decode
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache
 from sgs_jax.models.rope import apply_rope, rope_cos_sin
 from sgs_jax.parallel.placement import DEVICE, HOST
-from sgs_jax.parallel.rules import activation_sharding, compile_platform, constrain, current_mesh, named_sharding
+from sgs_jax.parallel.rules import activation_sharding, compile_platform, constrain, current_mesh, multi_device_mesh, named_sharding
 
 _INIT_STD = 0.02  # transformers' Llama initializer_range
 
@@ -65,8 +65,7 @@ def project(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
 
 
 def _one_cpu_device() -> bool:
-    current = current_mesh()
-    return compile_platform() == "cpu" and (current is None or current[0].size == 1)
+    return compile_platform() == "cpu" and multi_device_mesh() is None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -214,6 +214,13 @@ def current_mesh() -> tuple[Mesh, Mapping] | None:
     return _CURRENT.get()
 
 
+def multi_device_mesh() -> tuple[Mesh, Mapping] | None:
+    """`current_mesh()` when its mesh spans more than one device, else None: on one device
+    the code that maps over devices (`shard_map`, sharded layouts) runs as a plain call."""
+    current = _CURRENT.get()
+    return current if current is not None and current[0].size > 1 else None
+
+
 def compile_platform() -> str:
     """The platform being compiled for: the enclosing mesh's devices (so a deviceless TPU
     compile on a CPU host picks TPU code paths), else JAX's default backend."""

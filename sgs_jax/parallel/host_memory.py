@@ -101,9 +101,9 @@ def configure_host_malloc(setting: str | None = None, *, may_restart: bool = Fal
     if not may_restart:
         log.info("%s=keep needs a restart with the library preloaded, which this caller does not allow", SETTING_ENV)
         return HostMallocChoice(False, "no restart allowed here")
-    from sgs_jax.models import native
+    from sgs_jax import native_build
 
-    library = native.build_or_warn(_SOURCE, f"{SETTING_ENV}=keep stays at the system allocator")
+    library = native_build.build_or_warn(_SOURCE, f"{SETTING_ENV}=keep stays at the system allocator")
     if library is None:
         return HostMallocChoice(False, "the large-block library did not build")
     preload = os.environ.get("LD_PRELOAD", "")

@@ -6,6 +6,7 @@ import ctypes
 
 import jax
 
+from sgs_jax import native_build
 from sgs_jax.models import native
 
 
@@ -16,7 +17,7 @@ def use_portable_build(patch, kernel_cache, source: str, targets: dict[str, str]
     every call traced after this runs the portable build. targets: `native` constant ->
     exported handler symbol."""
     patch.setenv("SGS_JAX_KERNEL_CACHE", str(kernel_cache))
-    library = ctypes.CDLL(str(native.build(native._SOURCE_DIR / source, native.compiler(), portable=True)))
+    library = ctypes.CDLL(str(native_build.build(native._SOURCE_DIR / source, native_build.compiler(), portable=True)))
     for constant, symbol in targets.items():
         name = f"{getattr(native, constant)}_portable"
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")

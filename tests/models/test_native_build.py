@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sgs_jax import native_build
 from sgs_jax.models import attention, native
 from sgs_jax.models.attention import AttentionMask, select_backend
 from sgs_jax.models.paged_attention import select_paged_backend
@@ -29,13 +30,13 @@ def fresh(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("source", ["paged_attention.cc", "flash_attention.cc"])
 def test_builds_once_into_the_cache(fresh, source):
-    if native.compiler() is None:
+    if native_build.compiler() is None:
         pytest.skip("no C++ compiler here")
     source = native._SOURCE_DIR / source
-    first = native.build(source, native.compiler())
+    first = native_build.build(source, native_build.compiler())
     assert first.parent == fresh and first.suffix == ".so" and first.stat().st_size > 0
     mtime = first.stat().st_mtime_ns
-    assert native.build(source, native.compiler()) == first and first.stat().st_mtime_ns == mtime  # cached, not rebuilt
+    assert native_build.build(source, native_build.compiler()) == first and first.stat().st_mtime_ns == mtime  # cached, not rebuilt
     assert [p.name for p in fresh.iterdir()] == [first.name]  # no partial files left behind
 
 
@@ -44,7 +45,7 @@ def test_a_failing_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog,
     broken.write_text("#!/bin/sh\necho 'broken compiler' >&2\nexit 1\n")
     broken.chmod(0o755)
     monkeypatch.setenv("CXX", str(broken))
-    with caplog.at_level(logging.WARNING, logger=native.__name__):
+    with caplog.at_level(logging.WARNING, logger="sgs_jax"):
         assert native.paged_attention_target() is False
         assert native.flash_attention_targets() is False
     assert "broken compiler" in caplog.text and "XLA path" in caplog.text
@@ -54,8 +55,8 @@ def test_a_failing_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog,
 
 
 def test_no_compiler_falls_back_to_the_gather(fresh, monkeypatch, caplog):
-    monkeypatch.setattr(native, "compiler", lambda: None)
-    with caplog.at_level(logging.WARNING, logger=native.__name__):
+    monkeypatch.setattr(native_build, "compiler", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="sgs_jax"):
         assert native.paged_attention_target() is False
     assert "no C++ compiler" in caplog.text
     assert select_paged_backend("auto", "cpu") == "gather"

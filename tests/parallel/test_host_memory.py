@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from sgs_jax.models import native
+from sgs_jax import native_build
 from sgs_jax.parallel.host_memory import configure_host_malloc, large_block_stats
 
-needs_preload = pytest.mark.skipif(not sys.platform.startswith("linux") or native.compiler() is None,
+needs_preload = pytest.mark.skipif(not sys.platform.startswith("linux") or native_build.compiler() is None,
                                    reason="LD_PRELOAD of a library built with the host's C++ compiler (Linux)")
 
 # A program whose temporaries (64 MiB each) exceed glibc's mmap threshold; after 5 warm-up
@@ -115,7 +115,7 @@ def test_keep_without_a_restart_is_left_at_system_with_the_reason():
 def test_keep_without_a_compiler_is_left_at_system_without_a_restart(monkeypatch):
     if large_block_stats() is not None:
         pytest.skip("this test process runs with the library preloaded")
-    monkeypatch.setattr(native, "compiler", lambda: None)
+    monkeypatch.setattr(native_build, "compiler", lambda: None)
     choice = configure_host_malloc("keep", may_restart=True)  # a restart here would replace pytest
     assert not choice.kept and "did not build" in choice.why
 
@@ -123,7 +123,7 @@ def test_keep_without_a_compiler_is_left_at_system_without_a_restart(monkeypatch
 def test_a_failed_restart_is_left_at_system_and_leaves_the_environment_as_it_was(monkeypatch):
     if large_block_stats() is not None:
         pytest.skip("this test process runs with the library preloaded")
-    if native.compiler() is None:
+    if native_build.compiler() is None:
         pytest.skip("no C++ compiler here")
     monkeypatch.setenv("LD_PRELOAD", "")
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # execv raises instead of replacing pytest

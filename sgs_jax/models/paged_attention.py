@@ -19,7 +19,8 @@ Backends (`batch.backend`; `select_paged_backend` picks one for `auto` from
               row's length, from the whole pool buffer). TPU default.
   pallas_gpu  `jax.experimental.pallas.ops.gpu.paged_attention` (Triton). GPU default;
               interpret mode elsewhere (tests).
-Inside a mesh every backend runs per device under `shard_map`: rows and pages of one batch
+Inside a mesh of several devices every backend runs per device under `shard_map` (on one
+device, mesh or not, it is a plain call): rows and pages of one batch
 shard are local to it (page ids are local), KV heads split over `tensor` when both head
 counts divide it.
 """
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 from sgs_jax.models import native
 from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache, RaggedWork, ragged_work, write_token
-from sgs_jax.parallel.rules import compile_platform, current_mesh, logical_to_spec
+from sgs_jax.parallel.rules import compile_platform, logical_to_spec, multi_device_mesh
 
 _MASKED = -1e30  # finite, so a row with nothing visible gives no NaN
 PAGED_BACKENDS = ("gather", "native", "pallas_tpu", "pallas_gpu")
@@ -111,11 +112,11 @@ def native_attention(q, keys, values, layer, batch: PagedBatch) -> jax.Array:
 
 def new_pool(config: ModelConfig, num_pages: int, page_size: int, backend: str) -> PagedKVCache:
     """A fresh pool for `backend` (`PagedKVCache` shapes, compute dtype): for the native
-    kernel outside a mesh, left unwritten (the FFI target `native.UNWRITTEN_POOL`), since
+    kernel on one device (no mesh, or a mesh of one), left unwritten (the FFI target `native.UNWRITTEN_POOL`), since
     that kernel reads no position its row has not written and a call then pays only for the
-    pages it fills; for every other backend, or inside a mesh, zeros (`PagedKVCache.create`:
+    pages it fills; for every other backend, or on a mesh of several devices, zeros (`PagedKVCache.create`:
     the gather multiplies masked positions by zero, so they must be finite)."""
-    if backend != "native" or current_mesh() is not None:
+    if backend != "native" or multi_device_mesh() is not None:
         return PagedKVCache.create(config, num_pages, page_size)
     _require_native()
     shape = jax.ShapeDtypeStruct((config.num_kv_heads, config.num_layers, num_pages, page_size, config.head_dim), config.compute_dtype)
@@ -197,7 +198,7 @@ def paged_decode(q, k, v, cache_kv, layer, batch: PagedBatch):
         raise ValueError(f"unknown paged attention backend {batch.backend!r}; expected one of {PAGED_BACKENDS}")
     keys, values = cache_kv
     fn = functools.partial(_write_and_attend, backend=batch.backend)
-    current = current_mesh()
+    current = multi_device_mesh()
     if current is None:
         out, keys, values = fn(q, k, v, keys, values, layer, batch)
         return out, (keys, values)
@@ -219,10 +220,10 @@ def paged_decode(q, k, v, cache_kv, layer, batch: PagedBatch):
 
 
 def build_work(page_table: jax.Array, num_pages: jax.Array, size: int, page_size: int) -> RaggedWork:
-    """`paged_cache.ragged_work` per batch shard (under shard_map inside a mesh): `size`
+    """`paged_cache.ragged_work` per batch shard (under shard_map on a mesh of several devices): `size`
     entries per shard, local row and page ids. page_table [S, max_pages], num_pages [S]."""
     fn = functools.partial(ragged_work, size=size, page_size=page_size)
-    current = current_mesh()
+    current = multi_device_mesh()
     if current is None:
         return fn(page_table, num_pages)
     mesh, rules = current

@@ -20,7 +20,7 @@ from sgs_jax.models.config import ModelConfig
 from sgs_jax.models.kv_cache import KVCache
 from sgs_jax.models.paged_attention import build_work, new_pool, shard_specs
 from sgs_jax.models.paged_cache import POOL_AXES, PagedBatch, PagedKVCache, prompt_pages, write_pages
-from sgs_jax.parallel.rules import constrain, current_mesh
+from sgs_jax.parallel.rules import constrain, multi_device_mesh
 from sgs_jax.sampling.distribution import next_tokens
 
 
@@ -96,7 +96,7 @@ def _write_prompt_pages(pool: PagedKVCache, chunk_keys, chunk_values, source, de
     def local(pk, pv, ck, cv, src, dst):
         return write_pages(pk, pv, ck, cv, src[0], dst[0])
 
-    current = current_mesh()
+    current = multi_device_mesh()
     if current is None:
         return PagedKVCache(*local(pool.keys, pool.values, chunk_keys, chunk_values, source, dest))
     mesh, rules = current

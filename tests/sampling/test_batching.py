@@ -293,3 +293,22 @@ def test_decode_chunk_fuses_projection_kernels_once_outside_its_loops():
     entry = [name for name in by_computation if name.startswith("ENTRY")]
     assert entry and sorted(by_computation[entry[0]]) == sorted(fused_shapes), by_computation
     assert all(not found for name, found in by_computation.items() if not name.startswith("ENTRY")), by_computation
+
+
+def test_a_one_device_mesh_runs_the_plain_programs(model, sampler, prompts):
+    """The CPU main job samples on a mesh of its one device. There the engine runs what it
+    runs without a mesh (`parallel.rules.multi_device_mesh`): the fused projection kernels,
+    the native kernel's unwritten pool, and the same samples bit for bit."""
+    from sgs_jax.parallel import make_mesh
+
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    on_mesh = Sampler(model.config, mesh=mesh, max_batch=8, prompt_buckets=BUCKETS, chunk_steps=4, page_size=4, kv_pool_tokens=256)
+    assert on_mesh.attention_backend == sampler.attention_backend
+    decode = on_mesh.lower_decode(on_mesh.abstract_weights(), 8, 32, 4).as_text()
+    plain = sampler.lower_decode(sampler.abstract_weights(), 8, 32, 4).as_text()
+    assert decode.count("concatenate") == plain.count("concatenate") > 0  # FusedProjections, as without a mesh
+    if sampler.attention_backend == "native":
+        assert native.UNWRITTEN_POOL in on_mesh._empty.lower(8, 64, 4).as_text()
+    out, expected = on_mesh.generate(model, prompts, PLAIN), sampler.generate(model, prompts, PLAIN)
+    np.testing.assert_array_equal(out.token_ids, expected.token_ids)
+    np.testing.assert_array_equal(out.logprobs, expected.logprobs)

@@ -443,10 +443,11 @@ class Llama(nnx.Module):
         """The decoder layers as one `lax.scan` (no remat) threading the stacked (keys,
         values) through every layer: `attention` is the `AttentionMask` (per-row cache) or
         the `PagedBatch` (paged pool) each layer attends with. On one CPU device (no mesh,
-        or a mesh of one: `_one_cpu_device`) the layers multiply by `FusedProjections` (a copy of those kernels for the call, where
-        memory is plentiful and the wider matmuls pay); on a mesh of several devices the projections stay
-        separate, since concatenating kernels along their sharded heads axis would move
-        weights between devices, and on accelerators the copy would cost memory the plan
+        or a mesh of one: `_one_cpu_device`) the layers multiply by `FusedProjections` (a
+        copy of those kernels for the call, where memory is plentiful and the wider matmuls
+        pay); on a mesh of several devices the projections stay separate, since
+        concatenating kernels along their sharded heads axis would move weights between
+        devices, and on accelerators the copy would cost memory the plan
         (`parallel/memory.py`) does not hold."""
         graphdef, layer_params = nnx.split(self.layers)
         fused = FusedProjections.of(self.layers) if _one_cpu_device() else None

@@ -19,10 +19,9 @@ Backends (`batch.backend`; `select_paged_backend` picks one for `auto` from
               row's length, from the whole pool buffer). TPU default.
   pallas_gpu  `jax.experimental.pallas.ops.gpu.paged_attention` (Triton). GPU default;
               interpret mode elsewhere (tests).
-Inside a mesh of several devices every backend runs per device under `shard_map` (on one
-device, mesh or not, it is a plain call): rows and pages of one batch
-shard are local to it (page ids are local), KV heads split over `tensor` when both head
-counts divide it.
+On a mesh of several devices every backend runs per device under `shard_map` (on one
+device, mesh or not, it is a plain call): rows and pages of one batch shard are local to it
+(page ids are local), KV heads split over `tensor` when both head counts divide it.
 """
 
 from __future__ import annotations
@@ -112,10 +111,11 @@ def native_attention(q, keys, values, layer, batch: PagedBatch) -> jax.Array:
 
 def new_pool(config: ModelConfig, num_pages: int, page_size: int, backend: str) -> PagedKVCache:
     """A fresh pool for `backend` (`PagedKVCache` shapes, compute dtype): for the native
-    kernel on one device (no mesh, or a mesh of one), left unwritten (the FFI target `native.UNWRITTEN_POOL`), since
-    that kernel reads no position its row has not written and a call then pays only for the
-    pages it fills; for every other backend, or on a mesh of several devices, zeros (`PagedKVCache.create`:
-    the gather multiplies masked positions by zero, so they must be finite)."""
+    kernel on one device (no mesh, or a mesh of one), left unwritten (the FFI target
+    `native.UNWRITTEN_POOL`), since that kernel reads no position its row has not written
+    and a call then pays only for the pages it fills; for every other backend, or on a mesh
+    of several devices, zeros (`PagedKVCache.create`: the gather multiplies masked positions
+    by zero, so they must be finite)."""
     if backend != "native" or multi_device_mesh() is not None:
         return PagedKVCache.create(config, num_pages, page_size)
     _require_native()
@@ -220,8 +220,9 @@ def paged_decode(q, k, v, cache_kv, layer, batch: PagedBatch):
 
 
 def build_work(page_table: jax.Array, num_pages: jax.Array, size: int, page_size: int) -> RaggedWork:
-    """`paged_cache.ragged_work` per batch shard (under shard_map on a mesh of several devices): `size`
-    entries per shard, local row and page ids. page_table [S, max_pages], num_pages [S]."""
+    """`paged_cache.ragged_work` per batch shard (under shard_map on a mesh of several
+    devices): `size` entries per shard, local row and page ids. page_table [S, max_pages],
+    num_pages [S]."""
     fn = functools.partial(ragged_work, size=size, page_size=page_size)
     current = multi_device_mesh()
     if current is None:

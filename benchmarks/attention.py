@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from timing import alternated_best, host_malloc
+from timing import alternated_best, host_cpu, host_malloc
 
 from sgs_jax.models import attention
 
@@ -33,6 +33,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     print(host_malloc(may_restart=argv is None))
+    print(host_cpu())
     print(f"attention fwd+bwd, {BATCH} rows x {HEADS} heads ({KV_HEADS} KV) x head dim {DIM}, fp32, "
           f"{torch.get_num_threads()} threads, best of {args.repeats}; load {os.getloadavg()[0]:.1f}")
     print(f"{'T':>6} {'backend':<32}{'ms':>10}{'vs torch':>10}")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from projections import PRODUCTS, our_products, projection_shapes, torch_products
-from timing import alternated_best, host_malloc
+from timing import alternated_best, host_cpu, host_malloc
 from train_step import model_config
 
 
@@ -33,6 +33,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)  # XLA's CPU client also uses every core
     print(host_malloc(may_restart=argv is None))
+    print(host_cpu())
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     rng = np.random.default_rng(0)
     shapes = sorted({(k, n) for k, n, _ in projection_shapes(model_config(256))})

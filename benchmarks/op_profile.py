@@ -37,7 +37,7 @@ import time
 import jax
 import numpy as np
 
-from timing import host_malloc
+from timing import host_cpu, host_malloc
 
 # XLA:CPU's worker threads; the PjRt client threads only wait on them.
 _WORKER_THREAD_PREFIX = "tf_XLAEigen"
@@ -154,6 +154,7 @@ def main(argv=None) -> list[OpTime]:
     ap.add_argument("--top", type=int, default=15, help="op kinds printed")
     args = ap.parse_args(argv)
     print(host_malloc(may_restart=argv is None))
+    print(host_cpu())
     fn, title = train_program(args.seq, args.variant) if args.program == "train" else decode_program()
     busy = cores_busy(fn, args.calls)
     ops, wall = profile(fn, args.calls)

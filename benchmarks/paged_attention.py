@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from timing import alternated_best, host_malloc
+from timing import alternated_best, host_cpu, host_malloc
 
 from sgs_jax.models import native
 from sgs_jax.models.paged_attention import paged_decode
@@ -72,6 +72,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args(argv)
     print(host_malloc(may_restart=argv is None))
+    print(host_cpu())
     q, k, v, pool, table, cached = problem(args.mean)
     live_bytes = int((cached + 1).sum()) * KV_HEADS * DIM * 4 * 2 * LAYERS
     stream = jnp.ones((STREAM_BYTES // 4,), jnp.float32)

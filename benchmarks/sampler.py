@@ -52,7 +52,7 @@ import numpy as np
 import torch
 import transformers
 
-from timing import alternated_best, host_malloc
+from timing import alternated_best, host_cpu, host_malloc
 
 from sgs_jax.models import load_hf
 from sgs_jax.sampling import Sampler, SamplingParams
@@ -320,7 +320,7 @@ def report(lines: list[str]) -> None:
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
-    report([host_malloc(may_restart=True)])
+    report([host_malloc(may_restart=True), host_cpu()])
     rng = np.random.default_rng(0)
     report([f"CPU cores {os.cpu_count()}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f} at start; "
             f"chunk {args.chunk_steps} steps, pages of {args.page_size} tokens; best of {args.repeats} after a warm-up"])

@@ -21,6 +21,34 @@ def host_malloc(may_restart: bool) -> str:
     return f"host malloc: {how} ({choice.why}), for every side"
 
 
+def host_cpu(cpuinfo: str | None = None) -> str:
+    """A header line naming the CPU the figures come from: model, x86 family and model
+    numbers, cores, and the widest vector extension (AVX-512, AVX2, or neither), which moves
+    both XLA:CPU's and the native kernels' code (docs/training_benchmark.md compares hosts
+    by it). cpuinfo: the text of /proc/cpuinfo (read here when None; absent off Linux)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())  # the first processor's
+    flags = set(fields.get("flags", "").split())
+    if "avx512f" in flags:
+        extras = [name for name in ("avx512_bf16", "amx_tile") if name in flags]
+        vectors = "AVX-512" + (f" ({', '.join(extras)})" if extras else "")
+    elif "avx2" in flags:
+        vectors = "AVX2 (no AVX-512)"
+    else:
+        vectors = "no AVX2" if flags else "unknown"
+    model = fields.get("model name", "unknown model")
+    numbers = f", family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields and "model" in fields else ""
+    return f"host: {model}{numbers}, {os.cpu_count()} cores, vectors: {vectors}"
+
+
 def alternated_best(sides: Mapping[str, Callable[[], object]], repeats: int, calls: int = 1, warmup: int = 1) -> dict[str, float]:
     """Best wall seconds per call of each side's fn(), the sides timed in turn.
 

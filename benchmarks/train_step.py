@@ -45,7 +45,7 @@ import torch
 import transformers
 
 from projections import our_products, projection_shapes, torch_products
-from timing import alternated_best, host_malloc
+from timing import alternated_best, host_cpu, host_malloc
 
 from sgs_jax.models import load_hf, save_hf, tiny
 from sgs_jax.models.attention import AttentionMask, select_backend
@@ -256,6 +256,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)  # XLA's CPU client also uses every core
     print(host_malloc(may_restart=argv is None))
+    print(host_cpu())
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     for seq in args.seq:
         run(seq, args)

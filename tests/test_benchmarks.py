@@ -47,6 +47,7 @@ def test_train_step_benchmark_runs_both_sides(capsys):
     _module("train_step").main(["--seq", "32", "--steps", "1", "--repeats", "1", "--batch", "2", "--micro", "1"])
     out = capsys.readouterr().out
     assert "sgs_jax Trainer (JAX, jitted; defaults)" in out and "transformers + torch.optim.Adam" in out
+    assert "host: " in out and "vectors: " in out  # which CPU the figures come from
     assert "ratio (ours / reference tokens/s):" in out
     assert "projection matmuls alone" in out and "1.5x the reference needs our step at most" in out
     assert "at the best matmul rate of this run" in out and "for attention, the loss, Adam and everything else" in out
@@ -101,3 +102,16 @@ def test_paged_attention_benchmark_checks_then_times_the_backends(capsys):
     _module("paged_attention").main(["--mean", "70", "--repeats", "1"])
     out = capsys.readouterr().out
     assert "backends agree" in out and "roofline: live bytes / bandwidth" in out and "gather   per step" in out
+
+
+@pytest.mark.parametrize("flags, vectors", [
+    ("fpu sse2 avx avx2 fma", "AVX2 (no AVX-512)"),
+    ("fpu avx2 avx512f avx512_bf16", "AVX-512 (avx512_bf16)"),
+    ("fpu sse2", "no AVX2"),
+])
+def test_host_cpu_names_the_widest_vector_extension(flags, vectors):
+    timing = _module("timing")
+    cpuinfo = f"processor\t: 0\ncpu family\t: 23\nmodel\t\t: 49\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n\nprocessor\t: 1\n"
+    line = timing.host_cpu(cpuinfo)
+    assert line.startswith("host: AMD EPYC, family 23 model 49, ") and line.endswith(f"vectors: {vectors}")
+    assert timing.host_cpu("").endswith("vectors: unknown")

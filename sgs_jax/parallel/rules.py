@@ -217,7 +217,7 @@ def current_mesh() -> tuple[Mesh, Mapping] | None:
 def multi_device_mesh() -> tuple[Mesh, Mapping] | None:
     """`current_mesh()` when its mesh spans more than one device, else None: on one device
     the code that maps over devices (`shard_map`, sharded layouts) runs as a plain call."""
-    current = _CURRENT.get()
+    current = current_mesh()
     return current if current is not None and current[0].size > 1 else None
 
 

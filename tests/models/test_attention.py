@@ -446,7 +446,6 @@ def _native_gradient_on(mesh, config):
     return sharded, state
 
 
-
 def test_native_runs_per_device_under_a_mesh(native_reference_loss):
     """On a (data, fsdp, tensor) = (2, 2, 2) mesh the native kernels run per device under
     shard_map (batch over data x fsdp, heads over tensor): loss and gradients as the reference."""

@@ -140,21 +140,40 @@ void TransposeTiles(const float* rows, int64_t length, int64_t dim, float* cols)
 constexpr int kScoreRows = 4;
 constexpr int kScoreVecs = kLanes == 16 ? 4 : 2;
 
+// The hull [*begin, *end) of rows r .. r + n - 1's ranges [begin[i], end[i]) (empty: begin = end).
+inline void Hull(const int32_t* begin, const int32_t* end, int64_t r, int n, int32_t* lo, int32_t* hi) {
+  *lo = kTile;
+  *hi = 0;
+  for (int i = 0; i < n; ++i) {
+    if (begin[r + i] < end[r + i]) {
+      *lo = std::min(*lo, begin[r + i]);
+      *hi = std::max(*hi, end[r + i]);
+    }
+  }
+}
+
 // s[64, 64] = a[64, D] . bt (bt: one [D, 64] block of `TransposeTiles`), a register block
-// at a time. Every score sums over d in order, whatever the blocking.
+// at a time, for the entries of row r in columns [begin[r], end[r]) (`TileView`'s key
+// ranges); register blocks with none of them are set to 0 instead. Every score sums over d
+// in order, whatever the blocking.
 template <int DV>
-void TileScores(const float* a, const float* bt, float* s) {
+void TileScores(const float* a, const float* bt, const int32_t* begin, const int32_t* end, float* s) {
   constexpr int64_t D = 16 * DV;
+  constexpr int64_t W = kScoreVecs * kLanes;  // keys per register block
   for (int64_t r = 0; r < kTile; r += kScoreRows) {
-    for (int64_t c0 = 0; c0 < kTile; c0 += kScoreVecs * kLanes) {
+    int32_t lo, hi;
+    Hull(begin, end, r, kScoreRows, &lo, &hi);
+    for (int64_t c0 = 0; c0 < kTile; c0 += W) {
       Vec acc[kScoreRows][kScoreVecs] = {};
-      for (int64_t d = 0; d < D; ++d) {
-        const float* row = bt + d * kTile + c0;
-        Vec keys[kScoreVecs];
-        for (int j = 0; j < kScoreVecs; ++j) keys[j] = LoadOnce(row + kLanes * j);
-        for (int rr = 0; rr < kScoreRows; ++rr) {
-          const Vec x = Splat(a[(r + rr) * D + d]);
-          for (int j = 0; j < kScoreVecs; ++j) acc[rr][j] += x * keys[j];
+      if (c0 < hi && lo < c0 + W) {
+        for (int64_t d = 0; d < D; ++d) {
+          const float* row = bt + d * kTile + c0;
+          Vec keys[kScoreVecs];
+          for (int j = 0; j < kScoreVecs; ++j) keys[j] = LoadOnce(row + kLanes * j);
+          for (int rr = 0; rr < kScoreRows; ++rr) {
+            const Vec x = Splat(a[(r + rr) * D + d]);
+            for (int j = 0; j < kScoreVecs; ++j) acc[rr][j] += x * keys[j];
+          }
         }
       }
       for (int rr = 0; rr < kScoreRows; ++rr) {
@@ -173,19 +192,23 @@ template <int DV>
 constexpr int kApplyRows = kLanes == 16 ? (DV <= 2 ? 8 : (DV <= 4 ? 4 : 2)) : 4;
 
 // out[64, D] += p[64, 64] . b[64, D] (transposed = false), or out[64, D] += p^T . b
-// (transposed = true, p read column-wise), a register block at a time. Every output sums
-// over the 64 keys in order, whatever the blocking.
+// (transposed = true, p read column-wise), a register block at a time, where output row r
+// sums only over c in [begin[r], end[r]) (`TileView`'s ranges: p is 0 outside them). Every
+// output sums over the keys in order, whatever the blocking.
 template <int DV, bool kTransposed>
-void TileApply(const float* p, const float* b, float* out) {
+void TileApply(const float* p, const float* b, const int32_t* begin, const int32_t* end, float* out) {
   constexpr int64_t D = 16 * DV;
   constexpr int R = kApplyRows<DV>, V = kApplyVecs<DV>;
   for (int64_t r = 0; r < kTile; r += R) {
+    int32_t lo, hi;
+    Hull(begin, end, r, R, &lo, &hi);
+    if (lo >= hi) continue;
     for (int64_t e0 = 0; e0 < D; e0 += V * kLanes) {
       Vec acc[R][V];
       for (int rr = 0; rr < R; ++rr) {
         for (int j = 0; j < V; ++j) acc[rr][j] = Load(out + (r + rr) * D + e0 + kLanes * j);
       }
-      for (int64_t c = 0; c < kTile; ++c) {
+      for (int64_t c = lo; c < hi; ++c) {
         Vec row[V];
         for (int j = 0; j < V; ++j) row[j] = LoadOnce(b + c * D + e0 + kLanes * j);
         for (int rr = 0; rr < R; ++rr) {
@@ -206,10 +229,12 @@ struct RowTiles {
   std::vector<int32_t> uniform;   // per tile: its segment if all 64 positions share one real segment, else -1
   std::vector<int64_t> first_key_tile;  // per query tile: the first key tile any of its queries sees
   std::vector<int64_t> query_end;  // per key tile: one past the last query that sees any of its keys (0: none)
+  // per position of a real segment: its segment's first position and one past its last
+  std::vector<int64_t> segment_begin, segment_end;
 
   RowTiles(const int32_t* row, int64_t length, int64_t padded)
       : segments(padded, 0), uniform(padded / kTile, -1), first_key_tile(padded / kTile, padded / kTile),
-        query_end(padded / kTile, 0) {
+        query_end(padded / kTile, 0), segment_begin(padded, 0), segment_end(padded, 0) {
     std::copy(row, row + length, segments.begin());
     std::unordered_map<int32_t, std::pair<int64_t, int64_t>> span;  // segment -> [first, last] position
     for (int64_t t = 0; t < padded; ++t) {
@@ -224,6 +249,8 @@ struct RowTiles {
         same &= segments[t] == first;
         if (segments[t] == 0) continue;
         const auto& [begin, end] = span.at(segments[t]);
+        segment_begin[t] = begin;
+        segment_end[t] = end + 1;
         first_key_tile[tile] = std::min(first_key_tile[tile], begin / kTile);
         query_end[tile] = std::max(query_end[tile], end + 1);
       }
@@ -247,6 +274,34 @@ void Mask(float* s, int64_t q0, int64_t k0, const RowTiles& row) {
     }
   }
 }
+
+// Where the visible entries of the tile at query rows q0.. and keys k0.. can be: query
+// q0 + r sees at most keys k0 + [keys_begin[r], keys_end[r]), and key k0 + c is seen by at
+// most queries q0 + [queries_begin[c], queries_end[c]) (begin = end: none). A query sees
+// keys from its segment's first position to itself, so the ranges are contiguous and
+// everything outside them is masked; the tile products skip it. (Exact for contiguous
+// segments, a bound otherwise; `Mask` decides each entry.)
+struct TileView {
+  int32_t keys_begin[kTile], keys_end[kTile], queries_begin[kTile], queries_end[kTile];
+
+  TileView(const RowTiles& row, int64_t q0, int64_t k0) {
+    for (int64_t i = 0; i < kTile; ++i) {
+      const int64_t query = q0 + i, key = k0 + i;
+      keys_begin[i] = keys_end[i] = queries_begin[i] = queries_end[i] = 0;
+      if (row.segments[query] != 0) {
+        const int64_t begin = std::max(row.segment_begin[query], k0), end = std::min(query + 1, k0 + kTile);
+        if (begin < end) keys_begin[i] = begin - k0, keys_end[i] = end - k0;
+      }
+      if (row.segments[key] != 0) {
+        const int64_t begin = std::max(key, q0), end = std::min(row.segment_end[key], q0 + kTile);
+        if (begin < end) queries_begin[i] = begin - q0, queries_end[i] = end - q0;
+      }
+    }
+  }
+};
+
+// Whether vector j of a tile row (columns kLanes j ..) holds any column of [begin, end).
+inline bool Overlaps(int64_t j, int32_t begin, int32_t end) { return kLanes * j < end && begin < kLanes * (j + 1); }
 
 struct Buffers {
   const float *q, *k, *v, *out, *lse, *d_out;
@@ -298,12 +353,17 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_
       std::fill(l.begin(), l.end(), 0.0f);
       float* oq = o.data() + q0 * D;
       for (int64_t k0 = keys.row.first_key_tile[q0 / kTile] * kTile; k0 <= q0; k0 += kTile) {
-        TileScores<DV>(q.data() + q0 * D, kt.data() + k0 * D, s.data());
+        const TileView view(keys.row, q0, k0);
+        TileScores<DV>(q.data() + q0 * D, kt.data() + k0 * D, view.keys_begin, view.keys_end, s.data());
         Mask(s.data(), q0, k0, keys.row);
         for (int64_t r = 0; r < kTile; ++r) {
           float* sr = s.data() + r * kTile;
           const float peak = RowMax(sr, m[r]);
           for (int64_t j = 0; j < kTileVecs; ++j) {
+            if (!Overlaps(j, view.keys_begin[r], view.keys_end[r])) {
+              Store(sr + kLanes * j, Vec{});
+              continue;
+            }
             const Vec x = Load(sr + kLanes * j);
             const Vec w = ExpNonPositive(x - Splat(peak));
             Store(sr + kLanes * j, x <= Splat(kMasked) ? Vec{} : w);
@@ -317,7 +377,7 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_
           float* orow = oq + r * D;
           for (int64_t e = 0; e < D; ++e) orow[e] *= correction;
         }
-        TileApply<DV, false>(s.data(), v.data() + k0 * D, oq);
+        TileApply<DV, false>(s.data(), v.data() + k0 * D, view.keys_begin, view.keys_end, oq);
       }
       for (int64_t r = 0; r < kTile && q0 + r < T; ++r) {
         const bool seen = l[r] > 0.0f;
@@ -357,19 +417,26 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64
       for (int64_t q0 = k0; q0 < q_end; q0 += kTile) {
         if (keys.row.first_key_tile[q0 / kTile] > k0 / kTile) continue;  // its queries' segments start later
         // P = exp(S - lse), masked entries exactly 0.
-        TileScores<DV>(q.data() + q0 * D, kt.data() + k0 * D, p.data());
+        const TileView view(keys.row, q0, k0);
+        TileScores<DV>(q.data() + q0 * D, kt.data() + k0 * D, view.keys_begin, view.keys_end, p.data());
         Mask(p.data(), q0, k0, keys.row);
         for (int64_t r = 0; r < kTile; ++r) {
           float* pr = p.data() + r * kTile;
           const float row_lse = lse[q0 + r];  // padding rows read 0 and are masked
           for (int64_t j = 0; j < kTileVecs; ++j) {
+            if (!Overlaps(j, view.keys_begin[r], view.keys_end[r])) {
+              Store(pr + kLanes * j, Vec{});
+              continue;
+            }
             const Vec x = Load(pr + kLanes * j), shifted = x - Splat(row_lse);
             const Vec w = ExpNonPositive(Vec{} < shifted ? Vec{} : shifted);  // std::min(shifted, 0)
             Store(pr + kLanes * j, x <= Splat(kMasked) ? Vec{} : w);
           }
         }
-        TileApply<DV, true>(p.data(), dout.data() + q0 * D, dv.data() + k0 * D);  // dV += P^T dO
-        TileScores<DV>(dout.data() + q0 * D, vt.data() + k0 * D, dp.data());       // dP = dO V^T
+        TileApply<DV, true>(p.data(), dout.data() + q0 * D, view.queries_begin, view.queries_end,
+                            dv.data() + k0 * D);  // dV += P^T dO
+        TileScores<DV>(dout.data() + q0 * D, vt.data() + k0 * D, view.keys_begin, view.keys_end,
+                       dp.data());  // dP = dO V^T
         for (int64_t r = 0; r < kTile; ++r) {
           float* pr = p.data() + r * kTile;
           const float* dpr = dp.data() + r * kTile;
@@ -377,8 +444,10 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64
 #pragma omp simd
           for (int64_t c = 0; c < kTile; ++c) pr[c] = pr[c] * (dpr[c] - dr);  // dS, in place of P
         }
-        TileApply<DV, false>(p.data(), k.data() + k0 * D, dq.data() + q0 * D);  // dQ += dS K
-        TileApply<DV, true>(p.data(), q.data() + q0 * D, dk.data() + k0 * D);   // dK += dS^T Q
+        TileApply<DV, false>(p.data(), k.data() + k0 * D, view.keys_begin, view.keys_end,
+                             dq.data() + q0 * D);  // dQ += dS K
+        TileApply<DV, true>(p.data(), q.data() + q0 * D, view.queries_begin, view.queries_end,
+                            dk.data() + k0 * D);  // dK += dS^T Q
       }
     }
     Scatter(dq.data(), d.q_heads, d, b, h, io.dq);

@@ -110,18 +110,23 @@ struct Dims {
   int64_t group() const { return q_heads / kv_heads; }
 };
 
-// Rows [T, D] of head h in batch row b of a [B, T, H, D] tensor, copied into / out of a
-// padded [T64, D] buffer (padding rows zero).
+// Rows [T, D] of head h in batch row b of a [B, T, H, D] tensor (D = 16 DV), copied into /
+// out of a padded [T64, D] buffer (padding rows zero). D is a constant so each row's copy
+// is a few vector moves rather than a call.
+template <int DV>
 void Gather(const float* x, int64_t heads, const Dims& d, int64_t b, int64_t h, float* rows) {
+  constexpr int64_t D = 16 * DV;
   for (int64_t t = 0; t < d.length; ++t) {
-    std::memcpy(rows + t * d.dim, x + ((b * d.length + t) * heads + h) * d.dim, sizeof(float) * d.dim);
+    std::memcpy(rows + t * D, x + ((b * d.length + t) * heads + h) * D, sizeof(float) * D);
   }
-  std::fill(rows + d.length * d.dim, rows + d.padded * d.dim, 0.0f);
+  std::fill(rows + d.length * D, rows + d.padded * D, 0.0f);
 }
 
+template <int DV>
 void Scatter(const float* rows, int64_t heads, const Dims& d, int64_t b, int64_t h, float* x) {
+  constexpr int64_t D = 16 * DV;
   for (int64_t t = 0; t < d.length; ++t) {
-    std::memcpy(x + ((b * d.length + t) * heads + h) * d.dim, rows + t * d.dim, sizeof(float) * d.dim);
+    std::memcpy(x + ((b * d.length + t) * heads + h) * D, rows + t * D, sizeof(float) * D);
   }
 }
 
@@ -231,17 +236,21 @@ struct RowTiles {
   std::vector<int64_t> query_end;  // per key tile: one past the last query that sees any of its keys (0: none)
   // per position of a real segment: its segment's first position and one past its last
   std::vector<int64_t> segment_begin, segment_end;
+  bool contiguous = true;  // every real segment is one run of positions (packed rows, padding at the ends)
 
   RowTiles(const int32_t* row, int64_t length, int64_t padded)
       : segments(padded, 0), uniform(padded / kTile, -1), first_key_tile(padded / kTile, padded / kTile),
         query_end(padded / kTile, 0), segment_begin(padded, 0), segment_end(padded, 0) {
     std::copy(row, row + length, segments.begin());
     std::unordered_map<int32_t, std::pair<int64_t, int64_t>> span;  // segment -> [first, last] position
+    size_t runs = 0;
     for (int64_t t = 0; t < padded; ++t) {
       if (segments[t] == 0) continue;
+      runs += t == 0 || segments[t - 1] != segments[t];
       auto [it, fresh] = span.try_emplace(segments[t], t, t);
       if (!fresh) it->second.second = t;
     }
+    contiguous = runs == span.size();
     for (int64_t tile = 0; tile < padded / kTile; ++tile) {
       const int32_t first = segments[tile * kTile];
       bool same = first != 0;
@@ -258,22 +267,6 @@ struct RowTiles {
     }
   }
 };
-
-// Masks scores of the tile at query rows q0.. and keys k0..: causal, and a query sees only
-// keys of its own real segment. Most tiles need none of it: those below the diagonal whose
-// queries and keys all lie in one segment return at once.
-void Mask(float* s, int64_t q0, int64_t k0, const RowTiles& row) {
-  const int32_t keys = row.uniform[k0 / kTile];
-  if (k0 < q0 && keys > 0 && keys == row.uniform[q0 / kTile]) return;
-  const int32_t* seg = row.segments.data();
-  for (int64_t r = 0; r < kTile; ++r) {
-    float* sr = s + r * kTile;
-    const int32_t query = seg[q0 + r];
-    for (int64_t c = 0; c < kTile; ++c) {
-      if (query == 0 || k0 + c > q0 + r || seg[k0 + c] != query) sr[c] = kMasked;
-    }
-  }
-}
 
 // Where the visible entries of the tile at query rows q0.. and keys k0.. can be: query
 // q0 + r sees at most keys k0 + [keys_begin[r], keys_end[r]), and key k0 + c is seen by at
@@ -300,6 +293,28 @@ struct TileView {
   }
 };
 
+// Masks the scores of the tile at query rows q0.. and keys k0..: causal, and a query sees
+// only keys of its own real segment. Tiles below the diagonal whose queries and keys all lie
+// in one segment need none of it. Where the row's segments are contiguous, `view`'s ranges
+// are exact and the entries outside them are the masked ones; otherwise each entry is checked.
+void Mask(float* s, int64_t q0, int64_t k0, const RowTiles& row, const TileView& view) {
+  const int32_t keys = row.uniform[k0 / kTile];
+  if (k0 < q0 && keys > 0 && keys == row.uniform[q0 / kTile]) return;
+  const int32_t* seg = row.segments.data();
+  for (int64_t r = 0; r < kTile; ++r) {
+    float* sr = s + r * kTile;
+    if (row.contiguous) {
+      std::fill(sr, sr + view.keys_begin[r], kMasked);
+      std::fill(sr + view.keys_end[r], sr + kTile, kMasked);
+      continue;
+    }
+    const int32_t query = seg[q0 + r];
+    for (int64_t c = 0; c < kTile; ++c) {
+      if (query == 0 || k0 + c > q0 + r || seg[k0 + c] != query) sr[c] = kMasked;
+    }
+  }
+}
+
 // Whether vector j of a tile row (columns kLanes j ..) holds any column of [begin, end).
 inline bool Overlaps(int64_t j, int32_t begin, int32_t end) { return kLanes * j < end && begin < kLanes * (j + 1); }
 
@@ -320,15 +335,16 @@ int64_t RowEnd(const Dims& d, const int32_t* segments, int64_t b) {
 
 // A unit's keys and values copied out of the [B, T, Hkv, D] inputs into padded rows, the
 // keys also transposed (and the values, for the backward's dO V^T), with the row's segments.
+template <int DV>
 struct UnitKeys {
   RowTiles row;
   std::vector<float> k, kt, v, vt;
 
   UnitKeys(const Dims& d, const Buffers& io, int64_t b, int64_t kh, bool transposed_values)
       : row(io.segments + b * d.length, d.length, d.padded), k(d.padded * d.dim), kt(d.dim * d.padded), v(d.padded * d.dim) {
-    Gather(io.k, d.kv_heads, d, b, kh, k.data());
+    Gather<DV>(io.k, d.kv_heads, d, b, kh, k.data());
     TransposeTiles(k.data(), d.padded, d.dim, kt.data());
-    Gather(io.v, d.kv_heads, d, b, kh, v.data());
+    Gather<DV>(io.v, d.kv_heads, d, b, kh, v.data());
     if (transposed_values) {
       vt.resize(d.dim * d.padded);
       TransposeTiles(v.data(), d.padded, d.dim, vt.data());
@@ -341,12 +357,12 @@ template <int DV>
 void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_t end) {
   constexpr int64_t D = 16 * DV;
   const int64_t T = end, T64 = d.padded;
-  const UnitKeys keys(d, io, b, kh, /*transposed_values=*/false);
+  const UnitKeys<DV> keys(d, io, b, kh, /*transposed_values=*/false);
   const std::vector<float>&kt = keys.kt, &v = keys.v;
   std::vector<float> q(T64 * D), o(T64 * D), s(kTile * kTile), m(kTile), l(kTile);
   for (int64_t g = 0; g < d.group(); ++g) {
     const int64_t h = kh * d.group() + g;
-    Gather(io.q, d.q_heads, d, b, h, q.data());
+    Gather<DV>(io.q, d.q_heads, d, b, h, q.data());
     std::fill(o.begin(), o.end(), 0.0f);
     for (int64_t q0 = 0; q0 < T; q0 += kTile) {
       std::fill(m.begin(), m.end(), kMasked);
@@ -355,9 +371,13 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_
       for (int64_t k0 = keys.row.first_key_tile[q0 / kTile] * kTile; k0 <= q0; k0 += kTile) {
         const TileView view(keys.row, q0, k0);
         TileScores<DV>(q.data() + q0 * D, kt.data() + k0 * D, view.keys_begin, view.keys_end, s.data());
-        Mask(s.data(), q0, k0, keys.row);
+        Mask(s.data(), q0, k0, keys.row, view);
         for (int64_t r = 0; r < kTile; ++r) {
           float* sr = s.data() + r * kTile;
+          if (view.keys_begin[r] == view.keys_end[r]) {  // sees no key here: its m, l and output stay
+            std::fill(sr, sr + kTile, 0.0f);
+            continue;
+          }
           const float peak = RowMax(sr, m[r]);
           for (int64_t j = 0; j < kTileVecs; ++j) {
             if (!Overlaps(j, view.keys_begin[r], view.keys_end[r])) {
@@ -387,7 +407,7 @@ void ForwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_
       }
     }
     std::fill(io.lse_w + (b * d.q_heads + h) * d.length + T, io.lse_w + (b * d.q_heads + h + 1) * d.length, kMasked);
-    Scatter(o.data(), d.q_heads, d, b, h, io.out_w);
+    Scatter<DV>(o.data(), d.q_heads, d, b, h, io.out_w);
   }
 }
 
@@ -396,15 +416,15 @@ template <int DV>
 void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64_t end) {
   constexpr int64_t D = 16 * DV;
   const int64_t T = end, T64 = d.padded;
-  const UnitKeys keys(d, io, b, kh, /*transposed_values=*/true);
+  const UnitKeys<DV> keys(d, io, b, kh, /*transposed_values=*/true);
   const std::vector<float>&k = keys.k, &kt = keys.kt, &vt = keys.vt;
   std::vector<float> q(T64 * D), o(T64 * D), dout(T64 * D), dq(T64 * D);
   std::vector<float> dk(T64 * D, 0.0f), dv(T64 * D, 0.0f), delta(T64), lse(T64), p(kTile * kTile), dp(kTile * kTile);
   for (int64_t g = 0; g < d.group(); ++g) {
     const int64_t h = kh * d.group() + g;
-    Gather(io.q, d.q_heads, d, b, h, q.data());
-    Gather(io.out, d.q_heads, d, b, h, o.data());
-    Gather(io.d_out, d.q_heads, d, b, h, dout.data());
+    Gather<DV>(io.q, d.q_heads, d, b, h, q.data());
+    Gather<DV>(io.out, d.q_heads, d, b, h, o.data());
+    Gather<DV>(io.d_out, d.q_heads, d, b, h, dout.data());
     std::copy(io.lse + (b * d.q_heads + h) * d.length, io.lse + (b * d.q_heads + h) * d.length + T, lse.begin());
     for (int64_t t = 0; t < T64; ++t) {
       float acc = 0.0f;
@@ -419,7 +439,7 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64
         // P = exp(S - lse), masked entries exactly 0.
         const TileView view(keys.row, q0, k0);
         TileScores<DV>(q.data() + q0 * D, kt.data() + k0 * D, view.keys_begin, view.keys_end, p.data());
-        Mask(p.data(), q0, k0, keys.row);
+        Mask(p.data(), q0, k0, keys.row, view);
         for (int64_t r = 0; r < kTile; ++r) {
           float* pr = p.data() + r * kTile;
           const float row_lse = lse[q0 + r];  // padding rows read 0 and are masked
@@ -450,10 +470,10 @@ void BackwardUnit(const Dims& d, const Buffers& io, int64_t b, int64_t kh, int64
                             dk.data() + k0 * D);  // dK += dS^T Q
       }
     }
-    Scatter(dq.data(), d.q_heads, d, b, h, io.dq);
+    Scatter<DV>(dq.data(), d.q_heads, d, b, h, io.dq);
   }
-  Scatter(dk.data(), d.kv_heads, d, b, kh, io.dk);
-  Scatter(dv.data(), d.kv_heads, d, b, kh, io.dv);
+  Scatter<DV>(dk.data(), d.kv_heads, d, b, kh, io.dk);
+  Scatter<DV>(dv.data(), d.kv_heads, d, b, kh, io.dv);
 }
 
 // Runs Unit<DV>(d, io, b, kh, end of row b) over every (b, kh) for the DV of d.dim, the rows

@@ -15,7 +15,8 @@
 // for unpacked rows, several for packed ones. A query that sees no key (padding) gets output
 // 0 and log-sum-exp -1e30 (and no gradient). Only the tiles where some query sees some key
 // are computed: a row's queries past its last real token (right padding) and, in packed
-// rows, the tiles between two segments cost nothing.
+// rows, the tiles between two segments cost nothing. Inside a tile on the diagonal or at a
+// segment's edge, the products skip the register blocks no query sees (`TileView`).
 // Work is split in (batch row, KV head) units over XLA's intra-op thread pool, longest rows
 // first; a unit owns its G = Hq / Hkv query heads, so dk / dv sum over the group without
 // sharing. Inside a unit, rows are copied into zero-padded [T64, D] buffers (T64 = T

@@ -113,12 +113,17 @@ def test_padding_inside_a_row_equals_reference(backend):
     valid[1, 3:5] = valid[1, 70:71] = False
     weight = jnp.asarray(rng.normal(size=q.shape), jnp.float32) * jnp.asarray(valid)[:, :, None, None]
     mask = A.AttentionMask(kv_valid=jnp.asarray(valid))
-    fns = {name: (lambda q, k, v, name=name: _run(name, q, k, v, mask)) for name in (backend, "reference")}
-    got, want = ([np.asarray(jax.jit(fns[name])(q, k, v))] + [np.asarray(g) for g in jax.jit(
-        lambda q, k, v, name=name: _grads(fns[name], q, k, v, weight))(q, k, v)] for name in (backend, "reference"))
-    np.testing.assert_allclose(got[0][valid], want[0][valid], atol=TOL, rtol=0)
-    for g, w in zip(got[1:], want[1:]):
-        np.testing.assert_allclose(g, w, atol=TOL, rtol=0)
+
+    def outputs_and_grads(name):
+        fn = lambda q, k, v: _run(name, q, k, v, mask)  # noqa: E731
+        grads = jax.jit(lambda q, k, v: _grads(fn, q, k, v, weight))(q, k, v)
+        return np.asarray(jax.jit(fn)(q, k, v)), [np.asarray(g) for g in grads]
+
+    out, grads = outputs_and_grads(backend)
+    want_out, want_grads = outputs_and_grads("reference")
+    np.testing.assert_allclose(out[valid], want_out[valid], atol=TOL, rtol=0)
+    for got, want in zip(grads, want_grads):
+        np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("with_lengths", [False, True], ids=["causal_only", "lengths"])

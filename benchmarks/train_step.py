@@ -45,7 +45,7 @@ import torch
 import transformers
 
 from projections import our_products, projection_shapes, torch_products
-from timing import alternated_best, host_cpu, host_malloc
+from timing import alternated_best, alternated_rounds, best_of, core_round_trip_ns, host_cpu, host_malloc
 
 from sgs_jax.models import load_hf, save_hf, tiny
 from sgs_jax.models.attention import AttentionMask, select_backend
@@ -165,8 +165,10 @@ def run(seq: int, args) -> float:
     sides = {name: functools.partial(_jax_step, trainer, examples) for name, trainer in trainers.items()}
     sides["torch"] = functools.partial(torch_step, theirs, opt, examples, args.micro)
 
-    # Two warm-up steps on the full batch, all sides alike; then alternated timings.
-    best = alternated_best(sides, args.repeats, calls=args.steps, warmup=2)
+    # Two warm-up steps on the full batch, all sides alike; then alternated timings, the
+    # cores' round trip read between rounds (`print_rounds`).
+    rounds = alternated_rounds(sides, args.repeats, calls=args.steps, warmup=2, probe=core_round_trip_ns)
+    best = best_of(rounds)
     ref_s = best["torch"]
     attention = select_backend("auto", jax.default_backend(), AttentionMask(), np.float32)
     print(f"train step, {config.num_params() / 1e6:.1f}M params, {args.batch} seqs x {seq // 2}-{seq} tokens, "
@@ -183,6 +185,7 @@ def run(seq: int, args) -> float:
         print(f"{label:<48}{seconds:>10.3f}{tokens / seconds:>12.0f}{flops / seconds / 1e9:>15.1f}{1 - tokens / held:>9.0%}")
     others = "; ".join(f"{VARIANTS[name][4]}: {ref_s / best[name]:.2f}" for name in VARIANTS if name != "default")
     print(f"ratio (ours / reference tokens/s): {ref_s / best['default']:.2f}; {others} (default attention here: {attention})")
+    print_rounds(rounds)
 
     # The floor under each step: its projection matmuls alone, at its own micro-batches'
     # shapes (the packed variants share theirs, as do the unpacked ones).
@@ -202,6 +205,20 @@ def run(seq: int, args) -> float:
           f"1.5x the reference leaves {(target - at_peak['default']) * 1e3:.0f} / {(target - at_peak['packed_dots']) * 1e3:.0f} ms "
           f"for attention, the loss, Adam and everything else")
     return ref_s / best["default"]
+
+
+def print_rounds(rounds) -> None:
+    """Each round's seconds per step, with the round trip of a cache line between the
+    process's two CPUs read before and after it (`timing.core_round_trip_ns`): on a virtual
+    machine whose vCPUs the hypervisor places on cores that share a last-level cache or
+    not, it says which placement each round ran in (our step is slower in the second,
+    PyTorch's is not: docs/training_benchmark.md)."""
+    def ns(value):
+        return "?" if value is None else f"{value:.0f}"
+
+    for i, r in enumerate(rounds, 1):
+        sides = ", ".join(f"{name} {seconds:.3f}" for name, seconds in r.seconds.items())
+        print(f"  round {i} (cores' round trip {ns(r.probe_before)} -> {ns(r.probe_after)} ns), s/step: {sides}")
 
 
 def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dict[str, float], float]:

@@ -3,6 +3,7 @@ size, one timing each: their figures are not checked here, only that both sides 
 ratio was printed)."""
 
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -41,6 +42,47 @@ def test_alternated_best_warms_up_then_times_the_sides_in_turn(monkeypatch):
     assert best == {"a": 3.0, "b": 2.0}  # best seconds per call over the rounds (warm-up excluded)
 
 
+def test_alternated_rounds_read_the_probe_between_rounds(monkeypatch):
+    timing = _module("timing")
+    clock, events = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    costs = {"a": iter([5, 3, 9, 4]), "b": iter([7, 2, 6, 8])}  # a warm-up call, then 3 rounds of 1 call
+    readings = iter([100.0, 450.0, 460.0, 90.0])
+
+    def side(name):
+        def fn():
+            events.append(name)
+            clock[0] += next(costs[name])
+        return fn
+
+    def probe():
+        events.append("probe")
+        return next(readings)
+
+    rounds = timing.alternated_rounds({"a": side("a"), "b": side("b")}, repeats=3, probe=probe)
+    assert events == ["a", "b", "probe"] + ["a", "b", "probe"] * 3  # after the warm-up, before and after every round
+    assert [r.seconds for r in rounds] == [{"a": 3.0, "b": 2.0}, {"a": 9.0, "b": 6.0}, {"a": 4.0, "b": 8.0}]
+    assert [(r.probe_before, r.probe_after) for r in rounds] == [(100.0, 450.0), (450.0, 460.0), (460.0, 90.0)]
+    assert timing.best_of(rounds) == {"a": 3.0, "b": 2.0}
+
+
+def test_core_round_trip_needs_two_cpus():
+    timing = _module("timing")
+    from sgs_jax import native_build
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or native_build.compiler() is None:
+        pytest.skip("needs two CPUs and a C++ compiler")
+    ns = timing.core_round_trip_ns(iterations=2_000, batches=2)
+    assert ns is not None and 1 < ns < 1e6  # one cache line there and back: tens to hundreds of ns
+    os.sched_setaffinity(0, cpus[:1])  # this thread only
+    try:
+        assert timing.core_round_trip_ns(iterations=2_000, batches=2) is None
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert sorted(os.sched_getaffinity(0)) == cpus
+
+
 def test_train_step_benchmark_runs_both_sides(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
@@ -55,6 +97,7 @@ def test_train_step_benchmark_runs_both_sides(capsys):
     assert "the same, attention=blockwise" in out and "with attention=blockwise:" in out
     assert "the same, packed rows" in out and "packed:" in out
     assert "the same, packed rows and remat_policy=dots" in out and "packed and dots:" in out
+    assert "  round 1 (cores' round trip " in out and "torch " in out.split("  round 1 ")[1]  # each round, with the placement
 
 
 def test_matmul_benchmark_times_every_product_of_every_projection_shape(capsys):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from timing import alternated_best, host_cpu, host_malloc
+from timing import alternated_best, host_cpu, host_malloc, round_trip_line
 
 from sgs_jax.models import attention
 
@@ -34,6 +34,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     print(host_malloc(may_restart=argv is None))
     print(host_cpu())
+    print(round_trip_line("before"))
     print(f"attention fwd+bwd, {BATCH} rows x {HEADS} heads ({KV_HEADS} KV) x head dim {DIM}, fp32, "
           f"{torch.get_num_threads()} threads, best of {args.repeats}; load {os.getloadavg()[0]:.1f}")
     print(f"{'T':>6} {'backend':<32}{'ms':>10}{'vs torch':>10}")
@@ -63,6 +64,7 @@ def main(argv=None) -> None:
         ref_s = best["torch scaled_dot_product_attention"]
         for name, seconds in best.items():
             print(f"{t:>6} {name:<32}{seconds * 1e3:>10.1f}{ref_s / seconds:>10.2f}")
+    print(round_trip_line("after"))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from projections import PRODUCTS, our_products, projection_shapes, torch_products
-from timing import alternated_best, host_cpu, host_malloc
+from timing import alternated_best, host_cpu, host_malloc, round_trip_line
 from train_step import model_config
 
 
@@ -35,6 +35,7 @@ def main(argv=None) -> None:
     print(host_malloc(may_restart=argv is None))
     print(host_cpu())
     print(f"load average before: {os.getloadavg()[0]:.2f}")
+    print(round_trip_line("before"))
     rng = np.random.default_rng(0)
     shapes = sorted({(k, n) for k, n, _ in projection_shapes(model_config(256))})
     sides = {"ours": {}, "torch": {}}
@@ -51,6 +52,7 @@ def main(argv=None) -> None:
         theirs = best["torch"][(k, n, product)]
         print(f"{f'{k} x {n}':>12}  {product:<16} {flops / ours / 1e9:7.1f} {flops / theirs / 1e9:7.1f}  {theirs / ours:.2f}x")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    print(round_trip_line("after"))
 
 
 if __name__ == "__main__":

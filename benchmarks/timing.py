@@ -126,3 +126,10 @@ def core_round_trip_ns(iterations: int = 20_000, batches: int = 5) -> float | No
         return None
     ns = function(iterations, batches)
     return ns if ns > 0 else None
+
+
+def round_trip_line(when: str) -> str:
+    """A line with the cores' round trip now (`core_round_trip_ns`), `when` naming the moment
+    ("before", "after"): which placement a benchmark's figures came from."""
+    ns = core_round_trip_ns()
+    return f"cores' round trip {when}: " + ("unavailable" if ns is None else f"{ns:.0f} ns")

@@ -103,7 +103,9 @@ def test_train_step_benchmark_runs_both_sides(capsys):
 def test_matmul_benchmark_times_every_product_of_every_projection_shape(capsys):
     pytest.importorskip("torch")
     _module("matmul").main(["--tokens", "16", "--repeats", "1"])
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if " x " in line and line.rstrip().endswith("x")]
+    out = capsys.readouterr().out
+    assert "cores' round trip before: " in out and "cores' round trip after: " in out  # the placement, both ends
+    rows = [line.split() for line in out.splitlines() if " x " in line and line.rstrip().endswith("x")]
     shapes = {(int(r[0]), int(r[2])) for r in rows}
     assert shapes == {(256, 128), (256, 256), (256, 688), (256, 2048), (688, 256)}  # train_step.py's model
     assert len(rows) == 3 * len(shapes)

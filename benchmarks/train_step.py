@@ -20,7 +20,9 @@ the longest sequence, several sequences side by side: the token budget, and the 
 chunk's size, of a micro-batch of `--micro` full-length rows), and packed rows with
 `remat_policy="dots"` (the fastest of these on CPU): settings a run can choose.
 
-Under each table, the step's floor: its projection matmuls (forward, input and weight
+Under each table, every round's seconds per step with the cores' round trip before and
+after it (`print_rounds`: on a virtual machine, whether the two vCPUs shared a cache then),
+then the step's floor: its projection matmuls (forward, input and weight
 gradients of every layer's projections and the LM head) timed alone at each side's own
 micro-batch shapes, for our defaults, our packed rows with dots, and PyTorch, each step's
 time as a multiple of it, and how close to its floor our step must come for 1.5x the

@@ -128,8 +128,12 @@ def core_round_trip_ns(iterations: int = 20_000, batches: int = 5) -> float | No
     return ns if ns > 0 else None
 
 
+def round_trip_text(ns: float | None) -> str:
+    """A `core_round_trip_ns` reading as printed: "448 ns", or "unavailable" for None."""
+    return "unavailable" if ns is None else f"{ns:.0f} ns"
+
+
 def round_trip_line(when: str) -> str:
     """A line with the cores' round trip now (`core_round_trip_ns`), `when` naming the moment
     ("before", "after"): which placement a benchmark's figures came from."""
-    ns = core_round_trip_ns()
-    return f"cores' round trip {when}: " + ("unavailable" if ns is None else f"{ns:.0f} ns")
+    return f"cores' round trip {when}: {round_trip_text(core_round_trip_ns())}"

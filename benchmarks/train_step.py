@@ -47,7 +47,7 @@ import torch
 import transformers
 
 from projections import our_products, projection_shapes, torch_products
-from timing import alternated_best, alternated_rounds, best_of, core_round_trip_ns, host_cpu, host_malloc
+from timing import alternated_best, alternated_rounds, best_of, core_round_trip_ns, host_cpu, host_malloc, round_trip_text
 
 from sgs_jax.models import load_hf, save_hf, tiny
 from sgs_jax.models.attention import AttentionMask, select_backend
@@ -215,12 +215,9 @@ def print_rounds(rounds) -> None:
     machine whose vCPUs the hypervisor places on cores that share a last-level cache or
     not, it says which placement each round ran in (our step is slower in the second,
     PyTorch's is not: docs/training_benchmark.md)."""
-    def ns(value):
-        return "?" if value is None else f"{value:.0f}"
-
     for i, r in enumerate(rounds, 1):
         sides = ", ".join(f"{name} {seconds:.3f}" for name, seconds in r.seconds.items())
-        print(f"  round {i} (cores' round trip {ns(r.probe_before)} -> {ns(r.probe_after)} ns), s/step: {sides}")
+        print(f"  round {i} (cores' round trip {round_trip_text(r.probe_before)} -> {round_trip_text(r.probe_after)}), s/step: {sides}")
 
 
 def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dict[str, float], float]:

@@ -118,7 +118,7 @@ def core_round_trip_ns(iterations: int = 20_000, batches: int = 5) -> float | No
     and back (`core_round_trip.cc`: two pinned threads, the least of `batches` batches of
     `iterations`; about 50 ms). On a virtual machine it tells where the hypervisor has put
     the two vCPUs right now: on the 2-core AMD EPYC host of docs/training_benchmark.md
-    55-110 ns when they share a last-level cache and 385-510 ns when they do not, and
+    55-110 ns when they share a last-level cache and 355-510 ns when they do not, and
     XLA:CPU's training step runs 10-25% slower in the second placement while PyTorch's
     does not. None with fewer than two CPUs or no C++ compiler."""
     function = _round_trip_library()

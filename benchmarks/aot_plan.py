@@ -19,6 +19,8 @@ shardings.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import pathlib
 import re
 import time
 
@@ -27,6 +29,8 @@ import jax.numpy as jnp
 
 from sgs_jax.parallel.aot import GIB, compile_timed, report, topology
 
+# The run config whose `paper` preset is planned, found from any working directory.
+PAPER_CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "sgs.py"
 GOALS = "goals: v5e-16 micro-step peak < 15 GiB; v5p-8 training phase fits with all three roles; MFU >= 50% on v5p; compile < 120 s"
 
 
@@ -35,7 +39,7 @@ def _plan_current(name: str, layers: int, seq: int):
     from sgs_jax.sgs.plan import plan_programs
 
     topo = topology(name)
-    cfg = load_config("configs/sgs.py:paper", [])
+    cfg = load_config(f"{PAPER_CONFIG}:paper", [])
     plan = plan_programs(cfg, topo, ("train",), num_layers=layers, micro_batch=topo.num_devices, seq_len=seq)
     return plan.by_name("train"), plan.training_total(), topo
 
@@ -74,11 +78,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30, help="model depth (30 = DeepSeek-Prover-V2-7B)")
     ap.add_argument("--seq", type=int, default=8192, help="tokens per sequence")
     args = ap.parse_args()
-    try:
-        import sgs_jax.sgs.plan  # noqa: F401
-        plan = _plan_current
-    except ImportError:
-        plan = _plan_old_checkout
+    plan = _plan_current if importlib.util.find_spec("sgs_jax.sgs.plan") else _plan_old_checkout
     print(f"7B paper preset ({args.layers} layers), training micro-step, one {args.seq}-token sequence per chip; {GOALS}")
     header = f"{'topology':<10} {'peak GiB':>9} {'temp GiB':>9} {'3 roles GiB':>12} {'budget':>7} {'roofline s':>11} {'bound':>8} {'MFU':>6} {'compile s':>10} {'CPU s':>6}"
     print(header)

@@ -2,7 +2,8 @@
 shapes, and each shape's three products as our step and PyTorch's run them.
 
 `matmul.py` times every product alone; `train_step.py` sums them into the step's floor
-(`matmul_floor`). Both build their calls here, so the two time the same products.
+(`matmul_floor`). Both build their calls here, so the two time the same products;
+`square_products` gives the host's roofline rate beside them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ PRODUCTS = ("forward", "input gradient", "weight gradient")
 _forward = jax.jit(project)
 _input_gradient = jax.jit(lambda x, w, dy: jax.vjp(lambda x: project(x, w), x)[1](dy)[0])
 _weight_gradient = jax.jit(lambda x, w, dy: jax.vjp(lambda w: project(x, w), w)[1](dy)[0])
+_square = jax.jit(jax.numpy.dot)
 
 
 def projection_shapes(config) -> list[tuple[int, int, int]]:
@@ -45,6 +47,19 @@ def our_products(x: np.ndarray, w: np.ndarray, dy: np.ndarray) -> tuple[Callable
     x, w, dy = (jax.device_put(a) for a in (x, w, dy))
     return (lambda: _forward(x, w).block_until_ready(), lambda: _input_gradient(x, w, dy).block_until_ready(),
             lambda: _weight_gradient(x, w, dy).block_until_ready())
+
+
+def square_products(size: int = 2048) -> dict[str, Callable[[], object]]:
+    """One large square fp32 product ([size, size] @ [size, size]) by each library, JAX's (a
+    jitted `jnp.dot` on the CPU device: XLA:CPU's own) and torch's (MKL), each a call that waits for its
+    result. A product this large runs near the cores' peak, so its rate is a roofline for
+    the step's smaller ones."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((size, size), np.float32) for _ in range(2))
+    ja, jb = jax.device_put(a), jax.device_put(b)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    return {"JAX": lambda: _square(ja, jb).block_until_ready(), "torch": lambda: ta @ tb}
+
 
 
 def torch_products(x: np.ndarray, w: np.ndarray, dy: np.ndarray) -> tuple[Callable[[], object], ...]:

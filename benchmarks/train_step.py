@@ -26,9 +26,11 @@ then the step's floor: its projection matmuls (forward, input and weight
 gradients of every layer's projections and the LM head) timed alone at each side's own
 micro-batch shapes, for our defaults, our packed rows with dots, and PyTorch, each step's
 time as a multiple of it, and how close to its floor our step must come for 1.5x the
-reference (`matmul_floor`); then the same matmuls' FLOPs at the best rate any one timed
-projection reached, and what that leaves of a step at 1.5x the reference for everything
-else.
+reference (`matmul_floor`); then a roofline: the same matmuls' FLOPs at the fastest rate
+measured in the run (any one timed projection, or a 2048^3 product by either library, which
+runs near the cores' peak), plus the attention kernels alone at the step's shapes
+(`attention_floor`), against the time a step at 1.5x the reference may take, and what that
+leaves for everything else.
 
     python benchmarks/train_step.py [--seq 256 1024] [--steps 3] [--repeats 3] [--batch 8] [--micro 4]
 """
@@ -46,11 +48,11 @@ import numpy as np
 import torch
 import transformers
 
-from projections import our_products, projection_shapes, torch_products
+from projections import our_products, projection_shapes, square_products, torch_products
 from timing import alternated_best, alternated_rounds, best_of, core_round_trip_ns, host_cpu, host_malloc, round_trip_text
 
 from sgs_jax.models import load_hf, save_hf, tiny
-from sgs_jax.models.attention import AttentionMask, select_backend
+from sgs_jax.models.attention import AttentionMask, attend, select_backend
 from sgs_jax.models.build import create_model
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.rl.optimizer import OptimizerConfig
@@ -73,6 +75,9 @@ def model_config(seq: int):
     return tiny(vocab_size=2048, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=8,
                 num_kv_heads=4, head_dim=32, max_position_embeddings=seq * 2)
 
+
+# The square product whose rate is the host's roofline (`projections.square_products`).
+SQUARE = 2048
 
 # Rows per packed micro-batch. One row of the whole budget ran 4-7% slower than two on this
 # 2-core host (XLA:CPU spreads [1, T] activations over its threads less well).
@@ -198,14 +203,23 @@ def run(seq: int, args) -> float:
     target = ref_s / 1.5
     print(f"1.5x the reference needs our step at most {target * 1e3:.0f} ms: "
           f"{target / floor['default']:.2f}x its matmuls (defaults), {target / floor['packed_dots']:.2f}x (packed rows, dots)")
-    # The same bound from FLOPs: a step's projection matmuls (6 x matmul parameters per
-    # token slot) at the best rate any one timed projection (forward and both gradients)
-    # reached, either library.
-    at_peak = {k: 6 * matmul_parameters(config) * sum(slots[k]) / peak for k in ("default", "packed_dots")}
-    print(f"at the best matmul rate of this run ({peak / 1e9:.0f} GFLOP/s) those matmuls alone take "
-          f"{at_peak['default'] * 1e3:.0f} ms (defaults) and {at_peak['packed_dots'] * 1e3:.0f} ms (packed rows, dots): "
-          f"1.5x the reference leaves {(target - at_peak['default']) * 1e3:.0f} / {(target - at_peak['packed_dots']) * 1e3:.0f} ms "
-          f"for attention, the loss, Adam and everything else")
+    # The same bound as a roofline: the step's projection matmuls (6 x matmul parameters
+    # per token slot) at the fastest rate measured this run, plus attention's kernels alone.
+    square = alternated_best(square_products(), args.repeats, calls=3)
+    rate, source = max((peak, "the fastest projection"),
+                       *((2 * SQUARE**3 / s, f"{side}'s {SQUARE}^3 product") for side, s in square.items()))
+    variants = ("default", "packed_dots")
+    at_rate = {k: 6 * matmul_parameters(config) * sum(slots[k]) / rate for k in variants}
+    attention_s = {k: attention_floor(config, trainers[k].micro_batches(examples), args.repeats) for k in variants}
+    print(f"roofline: at the fastest matmul rate of this run ({rate / 1e9:.0f} GFLOP/s, {source}; "
+          + ", ".join(f"{side}'s {SQUARE}^3 product {2 * SQUARE**3 / s / 1e9:.0f}" for side, s in square.items())
+          + f") those matmuls take {at_rate['default'] * 1e3:.0f} ms (defaults) / {at_rate['packed_dots'] * 1e3:.0f} ms "
+          f"(packed rows, dots); attention's kernels alone (forward and backward, every layer) "
+          f"{attention_s['default'] * 1e3:.0f} / {attention_s['packed_dots'] * 1e3:.0f} ms; together "
+          f"{(at_rate['default'] + attention_s['default']) * 1e3:.0f} / {(at_rate['packed_dots'] + attention_s['packed_dots']) * 1e3:.0f} ms "
+          f"of the {target * 1e3:.0f} ms a step at 1.5x the reference may take, leaving "
+          f"{(target - at_rate['default'] - attention_s['default']) * 1e3:.0f} / "
+          f"{(target - at_rate['packed_dots'] - attention_s['packed_dots']) * 1e3:.0f} ms for the loss, Adam, norms and the rest")
     return ref_s / best["default"]
 
 
@@ -254,6 +268,27 @@ def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dic
         floor[key[0]] += count * best[key]
     peak = max(6 * tokens * k * n / best[(side, tokens, k, n)] for side, tokens, k, n in calls)
     return floor, peak
+
+
+def attention_floor(config, micro_batches, repeats: int) -> float:
+    """Seconds one optimiser step spends in attention alone: the backend the step's `auto`
+    picks, forward and backward as each layer runs it, at each of `micro_batches`' shapes
+    and masks (right-padded rows by their lengths, packed rows by their segments, as
+    `Llama.hidden_states` builds them), best of `repeats` x 5 calls, summed over the
+    micro-batches, times the layers."""
+    rng = np.random.default_rng(0)
+    heads = (config.num_heads, config.num_kv_heads, config.num_kv_heads, config.num_heads)
+    calls = {}
+    for i, mb in enumerate(micro_batches):
+        b, t = mb.shape
+        q, k, v, d_out = (jax.device_put(rng.standard_normal((b, t, h, config.head_dim), np.float32)) for h in heads)
+        if mb.segment_ids is not None:
+            mask = AttentionMask(segment_ids=jax.device_put(mb.segment_ids.astype(np.int32)))
+        else:
+            mask = AttentionMask(lengths=jax.device_put(mb.attention_mask.sum(axis=1, dtype=np.int32)))
+        grad = jax.jit(jax.grad(lambda q, k, v, mask, d_out: (attend(q, k, v, mask) * d_out).sum(), argnums=(0, 1, 2)))
+        calls[i] = functools.partial(lambda grad, *args: jax.block_until_ready(grad(*args)), grad, q, k, v, mask, d_out)
+    return config.num_layers * sum(alternated_best(calls, repeats, calls=5).values())
 
 
 def _in_turn(calls) -> None:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 REMAT_POLICIES = ("none", "full", "dots", "offload")
 ATTENTION_IMPLEMENTATIONS = ("auto", "native", "blockwise", "xla", "cudnn", "splash")
+LAYER_LOOPS = ("auto", "scan", "unrolled")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -50,6 +51,7 @@ class ModelConfig:
     param_dtype: str = "float32"  # stored parameters
     remat_policy: str = "none"  # per-layer rematerialisation in training: none | full | dots (save matmul and native attention outputs) | offload (full, saved layer inputs in host memory)
     attention: str = "auto"  # attention backend (sgs_jax.models.attention): auto | native | blockwise | xla | cudnn | splash
+    layer_loop: str = "auto"  # how the full forward (training) runs the layers: scan (one lax.scan, a program the same size at any depth) | unrolled (traced one after another: on XLA:CPU each layer's saved activations keep buffers of their own, not stacks) | auto (unrolled on one CPU device, else scan)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -65,6 +67,8 @@ class ModelConfig:
             raise ValueError(f"remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {self.attention!r}")
+        if self.layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"layer_loop must be one of {LAYER_LOOPS}, got {self.layer_loop!r}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"{name} must be one of {sorted(_DTYPES)}, got {getattr(self, name)!r}")
@@ -110,7 +114,7 @@ class ModelConfig:
     def from_hf_dict(cls, hf: Mapping[str, Any], **runtime: Any) -> "ModelConfig":
         """Build from a `config.json` dict (old `rope_scaling` or new `rope_parameters` layout).
 
-        `runtime` sets dtype, param_dtype, remat_policy and attention.
+        `runtime` sets dtype, param_dtype, remat_policy, attention and layer_loop.
         """
         model_type = hf.get("model_type", "llama")
         if model_type != "llama":

@@ -183,11 +183,12 @@ def load_hf(
     param_dtype: Any = None,
     remat_policy: str = "none",
     attention: str = "auto",
+    layer_loop: str = "auto",
 ) -> Llama:
     """Load a Hugging Face Llama checkpoint directory (or hub id where reachable).
 
     dtype: compute dtype; param_dtype: stored dtype (default: same as dtype);
-    remat_policy, attention: the run-time settings of `ModelConfig`.
+    remat_policy, attention, layer_loop: the run-time settings of `ModelConfig`.
     With `mesh`, parameters land directly in their shards by the logical-axis rules.
     Returns a `Llama` whose `model(input_ids [B, T] int32)` gives logits [B, T, vocab].
     """
@@ -195,7 +196,8 @@ def load_hf(
     dtype_name = jnp.dtype(dtype).name
     param_name = jnp.dtype(param_dtype or dtype).name
     config = ModelConfig.from_hf_file(
-        directory, dtype=dtype_name, param_dtype=param_name, remat_policy=remat_policy, attention=attention
+        directory, dtype=dtype_name, param_dtype=param_name, remat_policy=remat_policy, attention=attention,
+        layer_loop=layer_loop,
     )
     graphdef, abstract_state = abstract_model(config)
     if mesh is None:

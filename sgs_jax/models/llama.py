@@ -2,7 +2,8 @@
 
 Parameter layouts are chosen for the projections (`project`) and sharding, not copied from PyTorch; every
 per-layer parameter is stacked over layers (leading [layers] axis) and the decoder runs as
-one `lax.scan` over them, so compile time does not grow with depth:
+one `lax.scan` over them, so compile time does not grow with depth (on one CPU device the
+full forward unrolls them instead: `ModelConfig.layer_loop`):
   embed.embedding                  [vocab, embed]
   layers.attn.q_proj.kernel        [layers, embed, q_heads, head_dim]   (k_proj, v_proj: kv_heads)
   layers.attn.o_proj.kernel        [layers, q_heads, head_dim, embed]
@@ -354,8 +355,12 @@ class Llama(nnx.Module):
         tokens before it in its sequence (`segment_positions`). attention_mask and
         right_padded are then not read.
 
-        The layers run as one `lax.scan`; `config.remat_policy` rematerialises its body
-        (this is the training entry point; the cached path never remats).
+        The layers run as one `lax.scan`, or unrolled (`config.layer_loop`: by default on one
+        CPU device, where XLA writes the scan's saved activations into [layers, ...] stacks
+        and slices them back out for the backward, 3-8% of a small model's training step;
+        docs/training_benchmark.md); `config.remat_policy` rematerialises each layer (this is
+        the training entry point; the cached path never remats). The accumulating policies
+        below always scan.
 
         layer_grad_acc (training with `remat_policy` "full" or "offload" only): a gradient accumulator
         shaped like the stacked layer parameters (`nnx.state(self.layers)`, any float dtype).
@@ -394,8 +399,18 @@ class Llama(nnx.Module):
             return self.final_norm(_layers_accumulating(layer, layer_params, layer_grad_acc, x, offload))
         if self.config.remat_policy != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.config.remat_policy], prevent_cse=False)
-        x, _ = jax.lax.scan(body, x, layer_params)
+        if self._unrolled_layers():
+            for index in range(self.config.num_layers):
+                x, _ = body(x, jax.tree_util.tree_map(lambda p, index=index: p[index], layer_params))
+        else:
+            x, _ = jax.lax.scan(body, x, layer_params)
         return self.final_norm(x)
+
+    def _unrolled_layers(self) -> bool:
+        """Whether the full forward unrolls the layers (`ModelConfig.layer_loop`)."""
+        if self.config.layer_loop == "auto":
+            return _one_cpu_device()
+        return self.config.layer_loop == "unrolled"
 
     def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
         """Logits [B, T, V] (fp32) of a full causal pass; see `hidden_states`."""

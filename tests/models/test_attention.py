@@ -496,15 +496,19 @@ def test_native_on_one_device_adds_no_collective():
     assert " all-reduce(" not in hlo
 
 
+@pytest.mark.parametrize("layer_loop", ["scan", "unrolled"])
 @pytest.mark.parametrize("remat, forward_calls", [("dots", 1), ("full", 2)])
-def test_dots_remat_saves_the_native_kernels_outputs(remat, forward_calls):
+def test_dots_remat_saves_the_native_kernels_outputs(remat, forward_calls, layer_loop):
     """Under remat_policy="dots" the layer's backward reads the forward kernel's saved output
     and log-sum-exp (named `ATTENTION_OUT` / `ATTENTION_LSE`) instead of running the forward
-    kernel again: one forward call in the compiled gradient (full remat, which saves nothing,
-    has two). Loss and gradients as without remat either way."""
+    kernel again: one forward call per layer in the compiled gradient (full remat, which saves
+    nothing, has two; a scan's body holds one layer). Loss and gradients as without remat
+    either way."""
     if not native.flash_attention_targets():
         pytest.skip("the native CPU kernels could not be built here (no C++ compiler?)")
-    config = _MODEL_CONFIG.replace(attention="native", head_dim=16)  # the kernels take head dims of 16k
+    config = _MODEL_CONFIG.replace(attention="native", head_dim=16, layer_loop=layer_loop)  # the kernels take head dims of 16k
+    if layer_loop == "unrolled":
+        forward_calls *= config.num_layers
 
     def loss_and_grads(policy):
         graphdef, state = nnx.split(create_model(config.replace(remat_policy=policy), seed=1))

@@ -1,14 +1,17 @@
 """Scanned layers: the compiled program does not grow with depth, and the stacked layout
-holds one slice per layer."""
+holds one slice per layer; unrolled (`layer_loop`), the same results."""
 
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
 from sgs_jax.models import KVCache, abstract_model, create_model, tiny
+from sgs_jax.parallel.mesh import make_mesh
+from sgs_jax.parallel.rules import activation_sharding
 from sgs_jax.rl.logprobs import token_logprobs
 
 
@@ -16,8 +19,8 @@ def _instructions(compiled) -> int:
     return sum(1 for line in compiled.as_text().splitlines() if " = " in line)
 
 
-def _training_step(num_layers: int):
-    graphdef, state = abstract_model(tiny(num_layers=num_layers, remat_policy="full"))
+def _training_step(num_layers: int, layer_loop: str = "scan"):
+    graphdef, state = abstract_model(tiny(num_layers=num_layers, remat_policy="full", layer_loop=layer_loop))
     ids = jax.ShapeDtypeStruct((2, 16), jnp.int32)
 
     def loss(params, ids):
@@ -56,3 +59,53 @@ def test_parameters_are_stacked_over_layers():
     assert model.final_norm.scale[...].shape == (config.hidden_size,)
     # Each layer drew its own weights.
     assert not jnp.allclose(q[0], q[1])
+
+
+def _gradient(config, ids, mesh=None):
+    """Loss and parameter gradients of a token log-prob loss, compiled HLO size too."""
+    graphdef, state = nnx.split(create_model(config, seed=3))
+
+    def loss(params):
+        model = nnx.merge(graphdef, params)
+        return -jnp.sum(token_logprobs(model, ids, jnp.ones(ids.shape, bool), ids))
+
+    def run():
+        fn = jax.jit(jax.value_and_grad(loss))
+        return _instructions(fn.lower(state).compile()), fn(state)
+
+    if mesh is None:
+        return run()
+    with activation_sharding(mesh):
+        return run()
+
+
+@pytest.mark.parametrize("remat", ["none", "dots", "full"])
+def test_unrolled_layers_equal_the_scan(remat):
+    """`layer_loop="unrolled"` traces the layers one after another over the same stacked
+    parameters: the loss and every gradient equal the scan's (fp32, 1e-6)."""
+    ids = jnp.asarray(np.random.default_rng(0).integers(3, 97, size=(2, 24)), jnp.int32)
+    config = tiny(num_layers=3, remat_policy=remat)
+    _, (want_loss, want_grads) = _gradient(config.replace(layer_loop="scan"), ids)
+    _, (loss, grads) = _gradient(config.replace(layer_loop="unrolled"), ids)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+    for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want_grads)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=0)
+
+
+def test_auto_unrolls_on_one_cpu_device_and_scans_on_a_mesh():
+    """`layer_loop="auto"` unrolls where XLA:CPU stacks the scan's saved activations (one CPU
+    device: the program grows with depth) and keeps the scan on a mesh of several devices,
+    the stand-in for accelerators (it does not)."""
+    if jax.device_count() < 2:
+        pytest.skip("needs several (simulated) devices")
+    ids = jnp.zeros((2, 16), jnp.int32)
+    sizes = {layers: _gradient(tiny(num_layers=layers), ids)[0] for layers in (2, 4)}
+    assert sizes[4] > sizes[2]
+    mesh = make_mesh(data=1, fsdp=2, tensor=1, devices=jax.devices()[:2])
+    sizes = {layers: _gradient(tiny(num_layers=layers), ids, mesh)[0] for layers in (2, 4)}
+    assert sizes[4] == sizes[2]
+
+
+def test_layer_loop_is_checked():
+    with pytest.raises(ValueError, match="layer_loop must be one of"):
+        tiny(layer_loop="python")

@@ -51,15 +51,14 @@ def our_products(x: np.ndarray, w: np.ndarray, dy: np.ndarray) -> tuple[Callable
 
 def square_products(size: int = 2048) -> dict[str, Callable[[], object]]:
     """One large square fp32 product ([size, size] @ [size, size]) by each library, JAX's (a
-    jitted `jnp.dot` on the CPU device: XLA:CPU's own) and torch's (MKL), each a call that waits for its
-    result. A product this large runs near the cores' peak, so its rate is a roofline for
-    the step's smaller ones."""
+    jitted `jnp.dot` on the CPU device: XLA:CPU's own) and torch's (MKL), each a call that
+    waits for its result. A product this large runs near the cores' peak, so its rate is a
+    roofline for the step's smaller ones."""
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((size, size), np.float32) for _ in range(2))
     ja, jb = jax.device_put(a), jax.device_put(b)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     return {"JAX": lambda: _square(ja, jb).block_until_ready(), "torch": lambda: ta @ tb}
-
 
 
 def torch_products(x: np.ndarray, w: np.ndarray, dy: np.ndarray) -> tuple[Callable[[], object], ...]:

@@ -197,7 +197,8 @@ class MLP(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     """One pre-norm block. `Llama` holds a single instance whose parameters are stacked over
-    layers ([L, ...]) and runs it with `lax.scan`, one layer's slice per step."""
+    layers ([L, ...]) and runs it with `lax.scan`, one layer's slice per step (or unrolled,
+    one slice per call: `ModelConfig.layer_loop`)."""
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.weight_dtype)

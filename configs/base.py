@@ -39,6 +39,7 @@ def get_config() -> ConfigDict:
     c.model.param_dtype = "float32"  # stored parameter dtype
     c.model.remat_policy = "none"  # none | full | dots | offload (per-layer rematerialisation in training; never in sampling; offload = full with the saved layer inputs in host memory)
     c.model.attention = "auto"  # attention backend: auto (per platform) | native (CPU C++ kernels) | blockwise (CPU, plain JAX) | xla | cudnn (GPU) | splash (TPU Pallas)
+    c.model.layer_loop = "auto"  # training's layers: scan (one lax.scan, a program the same size at any depth) | unrolled (faster on XLA:CPU) | auto (unrolled on one CPU device, else scan)
     c.model.parameter_sharing = False  # Solver and Conjecturer share one set of weights
 
     c.mesh = ConfigDict()

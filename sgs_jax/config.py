@@ -38,6 +38,7 @@ _CHOICES = {
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat_policy": ("none", "full", "dots", "offload"),
     "model.attention": ("auto", "native", "blockwise", "xla", "cudnn", "splash"),
+    "model.layer_loop": ("auto", "scan", "unrolled"),
     "sampling.weights_dtype": ("float32", "bfloat16"),
     "sampling.weights_layout": ("inference", "training"),
     "sampling.paged_attention": ("auto", "native", "gather", "pallas_tpu", "pallas_gpu"),

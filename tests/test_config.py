@@ -78,6 +78,7 @@ BAD = [
     (["--config.verify.backend=lean", "--config.verify.options.bogus=1"], "verify.backend / verify.options: backend 'lean' takes no option bogus"),
     (["--config.verify.backend=remote"], "verify.options.*needs option url"),
     (["--config.solver_train.pack_length=-1"], "solver_train.pack_length must be >= 0"),
+    (["--config.model.layer_loop=python"], "model.layer_loop"),
     (["--config.conjecturer_train.pack_length=512"], "conjecturer_train.pack_length \\(512\\) must be 0 \\(no packing\\) or at least the role's longest training sequence \\(640 tokens\\)"),
 ]
 
@@ -93,6 +94,7 @@ def test_bad_values_fail_with_the_field_name(overrides, match):
     ["--config.verify.backend=lean", "--config.verify.options.workers=2", "--config.verify.options.timeout_s=5.0"],
     ["--config.verify.backend=remote", "--config.verify.options.url=http://localhost:1"],
     ["--config.targets.limit=0", "--config.run.log_examples=0"],
+    ["--config.model.layer_loop=scan"],
 ])
 def test_good_values_pass(overrides):
     load_config(TESTBED, overrides)
@@ -279,3 +281,14 @@ def test_sgs_plan_takes_the_config_flags(capsys):
     assert "--set is retired: write --config.run.iterations=2" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         plan_cli.main(base + ["--bogus"])
+
+
+def test_the_run_config_chooses_the_layer_loop():
+    """`model.layer_loop` reaches the models a run loads and the plans it prints."""
+    from sgs_jax.sgs.bootstrap import load_model
+    from sgs_jax.sgs.plan import plan_model_config
+
+    cfg = load_config(TESTBED, ["--config.model.layer_loop=scan"])
+    assert load_model(cfg, cfg.model.checkpoint, None).config.layer_loop == "scan"
+    assert plan_model_config(cfg)[0].layer_loop == "scan"
+    assert load_model(load_config(TESTBED, []), cfg.model.checkpoint, None).config.layer_loop == "auto"

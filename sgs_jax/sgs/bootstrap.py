@@ -60,9 +60,10 @@ def load_role_tokenizer(cfg):
 
 
 def load_model(cfg, path: str, mesh) -> Llama:
-    """A role's checkpoint in the run's dtypes and remat policy, sharded on `mesh`."""
+    """A role's checkpoint in the run's dtypes, remat policy, attention backend and layer
+    loop, sharded on `mesh`."""
     return load_hf(path, dtype=jnp.dtype(cfg.model.dtype), mesh=mesh, param_dtype=jnp.dtype(cfg.model.param_dtype),
-                   remat_policy=cfg.model.remat_policy, attention=cfg.model.attention)
+                   remat_policy=cfg.model.remat_policy, attention=cfg.model.attention, layer_loop=cfg.model.layer_loop)
 
 
 def load_inference_weights(cfg, path: str, mesh) -> nnx.State:

@@ -52,7 +52,7 @@ DEFAULT_PRESET = "deepseek-prover-v2-7b"
 def plan_model_config(cfg, num_layers: int | None = None, preset_name: str = DEFAULT_PRESET) -> tuple[ModelConfig, str]:
     """(architecture with the config's numerics, where it came from)."""
     runtime = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype, remat_policy=cfg.model.remat_policy,
-                   attention=cfg.model.attention)
+                   attention=cfg.model.attention, layer_loop=cfg.model.layer_loop)
     checkpoint = cfg.model.checkpoint
     if checkpoint and os.path.isfile(os.path.join(checkpoint, "config.json")):
         config, source = ModelConfig.from_hf_file(checkpoint, **runtime), checkpoint

@@ -54,6 +54,7 @@ from timing import alternated_best, alternated_rounds, best_of, core_round_trip_
 from sgs_jax.models import load_hf, save_hf, tiny
 from sgs_jax.models.attention import AttentionMask, attend, select_backend
 from sgs_jax.models.build import create_model
+from sgs_jax.models.llama import self_attention_mask
 from sgs_jax.rl.batching import SequenceExample
 from sgs_jax.rl.optimizer import OptimizerConfig
 from sgs_jax.rl.train_step import TrainConfig, Trainer
@@ -273,19 +274,16 @@ def matmul_floor(config, slots: dict[str, list[int]], repeats: int) -> tuple[dic
 def attention_floor(config, micro_batches, repeats: int) -> float:
     """Seconds one optimiser step spends in attention alone: the backend the step's `auto`
     picks, forward and backward as each layer runs it, at each of `micro_batches`' shapes
-    and masks (right-padded rows by their lengths, packed rows by their segments, as
-    `Llama.hidden_states` builds them), best of `repeats` x 5 calls, summed over the
-    micro-batches, times the layers."""
+    and masks (`llama.self_attention_mask` of right-padded rows, as the Trainer runs them),
+    best of `repeats` x 5 calls, summed over the micro-batches, times the layers."""
     rng = np.random.default_rng(0)
     heads = (config.num_heads, config.num_kv_heads, config.num_kv_heads, config.num_heads)
     calls = {}
     for i, mb in enumerate(micro_batches):
         b, t = mb.shape
         q, k, v, d_out = (jax.device_put(rng.standard_normal((b, t, h, config.head_dim), np.float32)) for h in heads)
-        if mb.segment_ids is not None:
-            mask = AttentionMask(segment_ids=jax.device_put(mb.segment_ids.astype(np.int32)))
-        else:
-            mask = AttentionMask(lengths=jax.device_put(mb.attention_mask.sum(axis=1, dtype=np.int32)))
+        segments = None if mb.segment_ids is None else jax.device_put(mb.segment_ids)
+        mask = self_attention_mask(jax.device_put(mb.attention_mask), right_padded=True, segment_ids=segments)
         grad = jax.jit(jax.grad(lambda q, k, v, mask, d_out: (attend(q, k, v, mask) * d_out).sum(), argnums=(0, 1, 2)))
         calls[i] = functools.partial(lambda grad, *args: jax.block_until_ready(grad(*args)), grad, q, k, v, mask, d_out)
     return config.num_layers * sum(alternated_best(calls, repeats, calls=5).values())

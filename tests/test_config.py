@@ -292,3 +292,13 @@ def test_the_run_config_chooses_the_layer_loop():
     assert load_model(cfg, cfg.model.checkpoint, None).config.layer_loop == "scan"
     assert plan_model_config(cfg)[0].layer_loop == "scan"
     assert load_model(load_config(TESTBED, []), cfg.model.checkpoint, None).config.layer_loop == "auto"
+
+
+def test_the_model_settings_offer_the_model_configs_choices():
+    """The run config lists `ModelConfig`'s choices without importing JAX; they must agree."""
+    from sgs_jax.config import _CHOICES
+    from sgs_jax.models.config import ATTENTION_IMPLEMENTATIONS, LAYER_LOOPS, REMAT_POLICIES
+
+    assert _CHOICES["model.remat_policy"] == REMAT_POLICIES
+    assert _CHOICES["model.attention"] == ATTENTION_IMPLEMENTATIONS
+    assert _CHOICES["model.layer_loop"] == LAYER_LOOPS

@@ -311,6 +311,18 @@ def stacked_layers(config: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
     return nnx.merge(graphdef, jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states))
 
 
+def self_attention_mask(attention_mask: jax.Array, right_padded: bool = False, segment_ids=None) -> AttentionMask:
+    """The `AttentionMask` of a full causal pass (`Llama.hidden_states`): packed rows by
+    their segment ids [B, T]; right-padded rows by their lengths (causal masking alone keeps
+    the padding out; the native kernels skip it); otherwise the valid keys of
+    attention_mask [B, T] bool."""
+    if segment_ids is not None:
+        return AttentionMask(segment_ids=segment_ids.astype(jnp.int32))
+    if right_padded:
+        return AttentionMask(lengths=attention_mask.sum(axis=1, dtype=jnp.int32))
+    return AttentionMask(kv_valid=attention_mask)
+
+
 class Llama(nnx.Module):
     """Decoder-only LLaMA-family language model."""
 
@@ -375,13 +387,9 @@ class Llama(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), bool)
         attention_mask = attention_mask.astype(bool)
-        if segment_ids is not None:
-            positions = segment_positions(segment_ids) if positions is None else positions
-            mask = AttentionMask(segment_ids=segment_ids.astype(jnp.int32))
-        elif right_padded:
-            mask = AttentionMask(lengths=attention_mask.sum(axis=1, dtype=jnp.int32))
-        else:
-            mask = AttentionMask(kv_valid=attention_mask)
+        mask = self_attention_mask(attention_mask, right_padded, segment_ids)
+        if segment_ids is not None and positions is None:
+            positions = segment_positions(segment_ids)
         if positions is None:
             positions = default_positions(attention_mask)
         cos, sin = rope_cos_sin(self.config, positions)

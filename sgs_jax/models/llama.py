@@ -207,7 +207,8 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(config, rngs)
 
     def __call__(self, x, cos, sin, mask: AttentionMask, cache_kv=None, layer=None, fused: FusedProjections | None = None):
-        """fused: this layer's slice of `FusedProjections` (cached forwards on one device), or None."""
+        """fused: this layer's slice of `FusedProjections` (on one CPU device: cached forwards
+        and the unrolled full forward), or None."""
         qkv, gate_up = (None, None) if fused is None else (fused.qkv, fused.gate_up)
         attn_out, cache_kv = self.attn(self.attn_norm(x), cos, sin, mask, cache_kv, layer, qkv)
         x = x + attn_out
@@ -220,9 +221,13 @@ class DecoderLayer(nnx.Module):
 class FusedProjections:
     """The stacked layers' Q/K/V kernels concatenated over heads, qkv [L, E, Hq + 2 Hkv, D],
     and gate/up kernels concatenated, gate_up [L, E, 2 mlp]: one matmul each instead of
-    three and two. Built once per cached forward on CPU (`Llama._cached_layers`), outside
-    the layer scan, so inside a decode loop XLA computes it once per loop, not per step: at
-    decode's few rows XLA:CPU runs the wider matmuls faster (`docs/sampling_benchmark.md`)."""
+    three and two. Built on one CPU device only (on a mesh the concatenation would move
+    sharded heads between devices): once per cached forward (`Llama._cached_layers`),
+    outside the layer scan, so inside a decode loop XLA computes it once per loop, not per
+    step, where at decode's few rows XLA:CPU runs the wider matmuls faster
+    (`docs/sampling_benchmark.md`); and once per unrolled full forward
+    (`Llama.hidden_states`), whose backward then sums one input gradient per fused product
+    instead of adding three and two (`docs/training_benchmark.md`)."""
 
     qkv: jax.Array
     gate_up: jax.Array
@@ -371,7 +376,8 @@ class Llama(nnx.Module):
         The layers run as one `lax.scan`, or unrolled (`config.layer_loop`: by default on one
         CPU device, where XLA writes the scan's saved activations into [layers, ...] stacks
         and slices them back out for the backward, 3-8% of a small model's training step;
-        docs/training_benchmark.md); `config.remat_policy` rematerialises each layer (this is
+        docs/training_benchmark.md; unrolled on one CPU device, the layers multiply by
+        `FusedProjections`); `config.remat_policy` rematerialises each layer (this is
         the training entry point; the cached path never remats). The accumulating policies
         below always scan.
 
@@ -395,8 +401,8 @@ class Llama(nnx.Module):
         cos, sin = rope_cos_sin(self.config, positions)
         graphdef, layer_params = nnx.split(self.layers)
 
-        def body(x, params):
-            x, _ = nnx.merge(graphdef, params)(x, cos, sin, mask)
+        def body(x, params, fused=None):
+            x, _ = nnx.merge(graphdef, params)(x, cos, sin, mask, fused=fused)
             return x, None
 
         x = self.embed_tokens(input_ids)
@@ -409,8 +415,12 @@ class Llama(nnx.Module):
         if self.config.remat_policy != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.config.remat_policy], prevent_cse=False)
         if self._unrolled_layers():
-            for index in range(self.config.num_layers):
-                x, _ = body(x, jax.tree_util.tree_map(lambda p, index=index: p[index], layer_params))
+            n = self.config.num_layers
+            # On one CPU device the unrolled layers multiply by fused q/k/v and gate/up
+            # kernels (concatenated here, so their gradients split back to each kernel).
+            fused = unstack_layers(FusedProjections.of(self.layers), n) if _one_cpu_device() else [None] * n
+            for params, fused_l in zip(unstack_layers(layer_params, n), fused):
+                x, _ = body(x, params, fused_l)
         else:
             x, _ = jax.lax.scan(body, x, layer_params)
         return self.final_norm(x)
@@ -484,6 +494,17 @@ class Llama(nnx.Module):
         layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
         (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layer_ids, fused))
         return x, kv
+
+
+def unstack_layers(stacked, num_layers: int) -> list:
+    """The per-layer slices of a tree of [num_layers, ...] arrays, as `num_layers` trees.
+
+    One `lax.split` per array rather than an index per layer: differentiated, a split's
+    gradient is one concatenate of the layers' gradients, where indexing pads each
+    layer's gradient to the full [num_layers, ...] shape and adds the pads up."""
+    leaves, treedef = jax.tree_util.tree_flatten(stacked)
+    pieces = [jax.lax.split(leaf, [1] * num_layers, axis=0) for leaf in leaves]
+    return [treedef.unflatten([piece[index][0] for piece in pieces]) for index in range(num_layers)]
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:

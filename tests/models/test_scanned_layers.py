@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sgs_jax.models import KVCache, abstract_model, create_model, tiny
+from sgs_jax.models import KVCache, abstract_model, create_model, llama, tiny
 from sgs_jax.parallel.mesh import make_mesh
 from sgs_jax.parallel.rules import activation_sharding
 from sgs_jax.rl.logprobs import token_logprobs
@@ -104,6 +104,52 @@ def test_auto_unrolls_on_one_cpu_device_and_scans_on_a_mesh():
     mesh = make_mesh(data=1, fsdp=2, tensor=1, devices=jax.devices()[:2])
     sizes = {layers: _gradient(tiny(num_layers=layers), ids, mesh)[0] for layers in (2, 4)}
     assert sizes[4] == sizes[2]
+
+
+def _dots(jaxpr) -> int:
+    """dot_general equations in a jaxpr, nested ones (custom VJPs, remat) included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "dot_general"
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            count += _dots(sub)
+    return count
+
+
+def test_unrolled_layers_on_one_cpu_device_multiply_by_fused_kernels():
+    """Unrolled on one CPU device, each layer runs four products (q/k/v fused, o, gate/up
+    fused, down) where the scan runs seven, besides the attention's own products; the
+    equality test above holds them to the scan's numbers."""
+    config = tiny(num_layers=3)
+    graphdef, state = nnx.split(create_model(config, seed=0))
+    ids = jnp.zeros((2, 8), jnp.int32)
+
+    def forward_dots(layer_loop):
+        model = nnx.merge(graphdef, state)
+        model.config = config.replace(layer_loop=layer_loop)
+        return _dots(jax.make_jaxpr(lambda i: model.hidden_states(i))(ids).jaxpr)
+
+    attention = forward_dots("scan") - 7  # one traced body: seven projections and the attention's products
+    assert forward_dots("unrolled") == 3 * (4 + attention)
+
+
+def test_unstack_layers_gradient_is_one_concatenate():
+    """`unstack_layers` splits each stacked array once: its gradient concatenates the
+    layers' gradients (no per-layer pad to the full [layers, ...] shape), and the slices
+    are the layers' own."""
+    stacked = {"w": jnp.arange(24.0).reshape(4, 3, 2)}
+    layers = llama.unstack_layers(stacked, 4)
+    for index, layer in enumerate(layers):
+        np.testing.assert_array_equal(layer["w"], stacked["w"][index])
+
+    def loss(stacked):
+        return sum(jnp.sum(layer["w"] ** 2) * (i + 1) for i, layer in enumerate(llama.unstack_layers(stacked, 4)))
+
+    grad_jaxpr = jax.make_jaxpr(jax.grad(loss))(stacked).jaxpr
+    names = {eqn.primitive.name for eqn in grad_jaxpr.eqns}
+    assert "concatenate" in names and "pad" not in names
+    want = 2 * stacked["w"] * jnp.arange(1.0, 5.0)[:, None, None]
+    np.testing.assert_allclose(jax.grad(loss)(stacked)["w"], want, rtol=1e-6)
 
 
 def test_layer_loop_is_checked():

@@ -398,7 +398,8 @@ class Llama(nnx.Module):
             positions = segment_positions(segment_ids)
         if positions is None:
             positions = default_positions(attention_mask)
-        cos, sin = rope_cos_sin(self.config, positions)
+        tables = functools.partial(rope_cos_sin, self.config, positions)
+        cos, sin = _computed_once(tables, jnp.any(attention_mask)) if self._unrolled_layers() else tables()
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(x, params, fused=None):
@@ -494,6 +495,26 @@ class Llama(nnx.Module):
         layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
         (x, kv), _ = jax.lax.scan(body, (x, kv), (layer_params, layer_ids, fused))
         return x, kv
+
+
+def _computed_once(compute, any_real_token: jax.Array):
+    """`compute()` (a tree of arrays, here the RoPE tables) evaluated into buffers of its
+    own, which the fusions reading it load rather than recompute.
+
+    With the layers unrolled, XLA:CPU fuses an elementwise producer such as the RoPE tables
+    into every fusion that reads it (each layer's q and k, forward and backward) and
+    evaluates it there once per element of q or k, heads included: with the polynomial
+    `sincos` 2-3% of the training benchmark's step at 256 tokens, with XLA's own cos and
+    sin 4-5% (`docs/training_benchmark.md`, stop 53). In the scan the tables are
+    loop-invariant operands, computed once. `lax.optimization_barrier` does not stop it on
+    CPU; a conditional does, since fusion never crosses one, and XLA keeps one whose
+    predicate it cannot know at compile time. Hence the predicate, whether any token is
+    real: with none, no output of the forward means anything, so the other branch's zeros
+    change nothing that is read. (When the mask is a compile-time constant, as when
+    `hidden_states` gets none, XLA folds the conditional away: the same numbers, computed
+    in every fusion again.)"""
+    zeros = lambda: jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(compute))  # noqa: E731
+    return jax.lax.cond(any_real_token, compute, zeros)
 
 
 def unstack_layers(stacked, num_layers: int) -> list:

@@ -133,6 +133,32 @@ def test_unrolled_layers_on_one_cpu_device_multiply_by_fused_kernels():
     assert forward_dots("unrolled") == 3 * (4 + attention)
 
 
+def test_unrolled_layers_compute_the_rope_tables_once():
+    """Unrolled, the RoPE tables are evaluated as often as in the scan (once, each op of
+    `rope.sincos` in one place), not again in every layer's q and k fusions, forward and
+    backward: the compiled gradient holds as many of `sincos`'s roundings as the scan's,
+    fewer than with the tables left to XLA's fusion (`llama._computed_once`)."""
+    ids = jnp.zeros((2, 16), jnp.int32)
+
+    def roundings(layer_loop):
+        graphdef, state = nnx.split(create_model(tiny(num_layers=3, layer_loop=layer_loop), seed=0))
+
+        def loss(params, mask):  # the mask an argument, as the Trainer's micro-batches pass it
+            return -jnp.sum(token_logprobs(nnx.merge(graphdef, params), ids, mask, ids))
+
+        compiled = jax.jit(jax.grad(loss)).lower(state, jnp.ones(ids.shape, bool)).compile()
+        return compiled.as_text().count("round-nearest-even(")
+
+    once = roundings("unrolled")
+    assert once == roundings("scan")
+    original = llama._computed_once
+    try:
+        llama._computed_once = lambda compute, any_real_token: compute()
+        assert roundings("unrolled") > once
+    finally:
+        llama._computed_once = original
+
+
 def test_unstack_layers_gradient_is_one_concatenate():
     """`unstack_layers` splits each stacked array once: its gradient concatenates the
     layers' gradients (no per-layer pad to the full [layers, ...] shape), and the slices

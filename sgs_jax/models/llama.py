@@ -398,8 +398,9 @@ class Llama(nnx.Module):
             positions = segment_positions(segment_ids)
         if positions is None:
             positions = default_positions(attention_mask)
+        unrolled = layer_grad_acc is None and self._unrolled_layers()  # the accumulating scan never unrolls
         tables = functools.partial(rope_cos_sin, self.config, positions)
-        cos, sin = _computed_once(tables, jnp.any(attention_mask)) if self._unrolled_layers() else tables()
+        cos, sin = _computed_once(tables, jnp.any(attention_mask)) if unrolled else tables()
         graphdef, layer_params = nnx.split(self.layers)
 
         def body(x, params, fused=None):
@@ -415,7 +416,7 @@ class Llama(nnx.Module):
             return self.final_norm(_layers_accumulating(layer, layer_params, layer_grad_acc, x, offload))
         if self.config.remat_policy != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICIES[self.config.remat_policy], prevent_cse=False)
-        if self._unrolled_layers():
+        if unrolled:
             n = self.config.num_layers
             # On one CPU device the unrolled layers multiply by fused q/k/v and gate/up
             # kernels (concatenated here, so their gradients split back to each kernel).

@@ -139,8 +139,8 @@ def _pio2_parts(bits: int = 7, exact_parts: int = 3) -> tuple[np.float32, ...]:
 # 128K-token context (the angles are positions times frequencies of at most 1).
 _PIO2_PARTS = _pio2_parts()
 # Minimax polynomials on [-pi/4, pi/4] (Cephes' sinf and cosf).
-_SIN_COEFFS = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
-_COS_COEFFS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
+_SIN_COEFFS = tuple(np.float32(c) for c in (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4))
+_COS_COEFFS = tuple(np.float32(c) for c in (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5))
 
 
 def sincos(angles: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -157,8 +157,8 @@ def sincos(angles: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     for part in _PIO2_PARTS:
         r = r - k * part
     r2 = r * r
-    s1, s2, s3 = (np.float32(c) for c in _SIN_COEFFS)
-    c1, c2, c3 = (np.float32(c) for c in _COS_COEFFS)
+    s1, s2, s3 = _SIN_COEFFS
+    c1, c2, c3 = _COS_COEFFS
     sin_r = r + r * r2 * (s1 + r2 * (s2 + r2 * s3))
     cos_r = 1 - 0.5 * r2 + r2 * r2 * (c1 + r2 * (c2 + r2 * c3))
     quadrant = k.astype(jnp.int32) & 3  # two's complement: right for negative k too

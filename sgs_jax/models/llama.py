@@ -39,7 +39,7 @@ from sgs_jax.models.paged_attention import paged_decode
 from sgs_jax.models.paged_cache import PagedBatch, PagedKVCache
 from sgs_jax.models.rope import apply_rope, rope_cos_sin
 from sgs_jax.parallel.placement import DEVICE, HOST
-from sgs_jax.parallel.rules import activation_sharding, compile_platform, constrain, current_mesh, multi_device_mesh, named_sharding
+from sgs_jax.parallel.rules import activation_sharding, constrain, current_mesh, named_sharding, one_cpu_device
 
 _INIT_STD = 0.02  # transformers' Llama initializer_range
 
@@ -60,13 +60,9 @@ def project(x: jax.Array, kernel: jax.Array, contract: int = 1) -> jax.Array:
     backward (`docs/training_benchmark.md`). Elsewhere (accelerators, and CPU meshes of several
     devices, which stand in for them in tests) it is `jnp.tensordot`, whose gradient GSPMD
     shards and those compilers lay out well."""
-    if _one_cpu_device():
+    if one_cpu_device():
         return _project_2d(x, kernel, contract)
     return jnp.tensordot(x, kernel, axes=contract)
-
-
-def _one_cpu_device() -> bool:
-    return compile_platform() == "cpu" and multi_device_mesh() is None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -346,14 +342,16 @@ class Llama(nnx.Module):
         x = jnp.take(self.embed.embedding[...], input_ids, axis=0).astype(self.config.compute_dtype)
         return constrain(x, ("batch", "seq", "act_embed"))
 
-    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
-        """Final-normed hidden states [..., E] -> logits [..., V] in fp32."""
+    def lm_head_weights(self) -> jax.Array:
+        """The LM head [E, V] in compute dtype (the embedding's transpose when tied)."""
         dt = self.config.compute_dtype
         if self.config.tie_word_embeddings:
-            logits = project(hidden, self.embed.embedding[...].astype(dt).T)
-        else:
-            logits = project(hidden, self.lm_head.kernel[...].astype(dt))
-        return logits.astype(jnp.float32)
+            return self.embed.embedding[...].astype(dt).T
+        return self.lm_head.kernel[...].astype(dt)
+
+    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """Final-normed hidden states [..., E] -> logits [..., V] in fp32."""
+        return project(hidden, self.lm_head_weights()).astype(jnp.float32)
 
     # ---- full forward -------------------------------------------------------------------
     def hidden_states(self, input_ids, attention_mask=None, positions=None, *, right_padded: bool = False,
@@ -420,7 +418,7 @@ class Llama(nnx.Module):
             n = self.config.num_layers
             # On one CPU device the unrolled layers multiply by fused q/k/v and gate/up
             # kernels (concatenated here, so their gradients split back to each kernel).
-            fused = unstack_layers(FusedProjections.of(self.layers), n) if _one_cpu_device() else [None] * n
+            fused = unstack_layers(FusedProjections.of(self.layers), n) if one_cpu_device() else [None] * n
             for params, fused_l in zip(unstack_layers(layer_params, n), fused):
                 x, _ = body(x, params, fused_l)
         else:
@@ -430,7 +428,7 @@ class Llama(nnx.Module):
     def _unrolled_layers(self) -> bool:
         """Whether the full forward unrolls the layers (`ModelConfig.layer_loop`)."""
         if self.config.layer_loop == "auto":
-            return _one_cpu_device()
+            return one_cpu_device()
         return self.config.layer_loop == "unrolled"
 
     def __call__(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
@@ -479,14 +477,14 @@ class Llama(nnx.Module):
         """The decoder layers as one `lax.scan` (no remat) threading the stacked (keys,
         values) through every layer: `attention` is the `AttentionMask` (per-row cache) or
         the `PagedBatch` (paged pool) each layer attends with. On one CPU device (no mesh,
-        or a mesh of one: `_one_cpu_device`) the layers multiply by `FusedProjections` (a
+        or a mesh of one: `one_cpu_device`) the layers multiply by `FusedProjections` (a
         copy of those kernels for the call, where memory is plentiful and the wider matmuls
         pay); on a mesh of several devices the projections stay separate, since
         concatenating kernels along their sharded heads axis would move weights between
         devices, and on accelerators the copy would cost memory the plan
         (`parallel/memory.py`) does not hold."""
         graphdef, layer_params = nnx.split(self.layers)
-        fused = FusedProjections.of(self.layers) if _one_cpu_device() else None
+        fused = FusedProjections.of(self.layers) if one_cpu_device() else None
 
         def body(carry, xs):
             x, kv = carry

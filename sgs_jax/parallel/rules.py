@@ -231,6 +231,12 @@ def compile_platform() -> str:
     return jax.default_backend()
 
 
+def one_cpu_device() -> bool:
+    """Whether the program being traced runs on one CPU device (no mesh, or a mesh of one):
+    where the CPU-only code paths apply (`models.llama.project`, `rl.logprobs`)."""
+    return compile_platform() == "cpu" and multi_device_mesh() is None
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """Sharding constraint on an activation; a no-op outside `activation_sharding`."""
     current = _CURRENT.get()

@@ -86,7 +86,11 @@ class TrainConfig:
     little of a micro-batch is padding (`rl.batching.pack_micro_batches`; the attention
     backend must be reference, blockwise, native, splash or, through a dense mask, xla
     or cudnn).
-    min_bucket: shortest length bucket. logits_chunk: positions per vocabulary chunk.
+    min_bucket: shortest length bucket.
+    logits_chunk: most positions per row whose fp32 logits exist at once; rows up to
+    this long keep their softmax for the backward, longer ones recompute it chunk by
+    chunk. Either way the LM head runs only on chunks holding completion tokens
+    (`rl.logprobs.target_logprobs`).
     reset_optimizer: `train_epoch` starts from a fresh Adam state (method.md §4 step 9).
 
     normalization, batch_size, max_seq_len, min_bucket, reset_optimizer and pack_length
@@ -153,7 +157,7 @@ def micro_batch_loss(model, batch: MicroBatch, config: TrainConfig, layer_grad_a
     # packed rows carry segment ids instead.
     logprobs = token_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.targets, config.logits_chunk, right_padded=True,
-        segment_ids=batch.segment_ids, layer_grad_acc=layer_grad_acc,
+        segment_ids=batch.segment_ids, layer_grad_acc=layer_grad_acc, loss_mask=batch.loss_mask > 0,
     )
     mask, shared = batch.loss_mask, {"scale": batch.scale, "segment_ids": batch.segment_ids}
     if config.objective == "cispo":
@@ -223,9 +227,10 @@ class TrainPrograms:
     Pure functions of pytrees; every `Trainer` with the same three shares one instance
     (`programs_for`), so a second Trainer of a role, the other role with the same objective
     and optimiser, a test or a restarted stage compiles nothing new. `accumulate` compiles
-    once per micro-batch length (`TrainConfig.buckets`); `apply`, `zero_acc` and `init_opt`
-    once. The micro-batch must split over the mesh's (data, fsdp) axes (checked here,
-    before any work).
+    once per micro-batch length (`TrainConfig.buckets`), and `start` (a step's first
+    micro-batch) once per length a step begins with; `apply` and `init_opt` once. The
+    micro-batch must split over the mesh's (data, fsdp) axes (checked here, before any
+    work).
     """
 
     def __init__(self, graphdef, abstract_params, config: TrainConfig, mesh: Mesh):
@@ -249,8 +254,15 @@ class TrainPrograms:
         self.metric_names = self._abstract_metric_names(abstract_params)
         self.acc_shardings = (self.param_shardings, {k: self.replicated for k in self.metric_names})
         self.init_opt = jax.jit(self.optimizer.init, in_shardings=(self.param_shardings,), out_shardings=self.opt_shardings)
-        self.zero_acc = jax.jit(self._zeros, in_shardings=(self.param_shardings,), out_shardings=self.acc_shardings)
         self.abstract_acc = _with_shardings(jax.eval_shape(self._zeros, abstract_params), self.acc_shardings)
+        # A step's first micro-batch starts the accumulator from its own gradient: no zeroed
+        # accumulator to build and add to (one pass over the gradient less per step).
+        self.start = jax.jit(
+            self._start_fn,
+            in_shardings=(self.param_shardings, self.batch_shardings),
+            out_shardings=self.acc_shardings,
+            compiler_options=accumulate_compiler_options(mesh),
+        )
         self.accumulate = jax.jit(
             self._accumulate_fn,
             in_shardings=(self.param_shardings, self.acc_shardings, self.batch_shardings),
@@ -302,6 +314,11 @@ class TrainPrograms:
     def _zeros(self, params):
         grads = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         return grads, {k: jnp.zeros((), jnp.float32) for k in self.metric_names}
+
+    def _start_fn(self, params, batch: MicroBatch):
+        # The same program as accumulating into zeros, which XLA folds away (x + 0 -> x);
+        # under full remat the layers' backward adds into a zeroed buffer of its own.
+        return self._accumulate_fn(params, self._zeros(params), batch)
 
     def _accumulate_fn(self, params, acc, batch: MicroBatch):
         grad_acc, metric_acc = acc
@@ -441,11 +458,13 @@ class Trainer:
             raise ValueError("an optimiser step needs at least one example")
         batches = self.micro_batches(examples, num_groups)
         self.to_device()
-        acc = self.programs.zero_acc(self.params)
+        programs = self.programs
+        acc = None
         for batch in batches:
             # Every process builds the same micro-batch and places only the rows it owns.
-            acc = self.programs.accumulate(self.params, acc, to_global(batch, self.programs.batch_shardings))
-        self.params, self.opt_state, sums = self.programs.apply(self.params, self.opt_state, acc)
+            placed = to_global(batch, programs.batch_shardings)
+            acc = programs.start(self.params, placed) if acc is None else programs.accumulate(self.params, acc, placed)
+        self.params, self.opt_state, sums = programs.apply(self.params, self.opt_state, acc)
         nnx.update(self.model, self.params)
         metrics = _finish_metrics({k: float(v) for k, v in host_read(sums).items()})
         metrics["num_micro_batches"] = float(len(batches))

@@ -44,7 +44,7 @@ def _run(workdir):
 
 def test_second_process_loads_compiled_programs(tmp_path):
     first = _run(tmp_path)
-    assert first["misses"] >= 3 and first["hits"] == 0  # init_opt, zero_acc, accumulate, apply, ...
+    assert first["misses"] >= 3 and first["hits"] == 0  # init_opt, start, accumulate, apply, ...
     entries = os.listdir(tmp_path / "compile_cache")
     assert len(entries) >= first["misses"]
     second = _run(tmp_path)

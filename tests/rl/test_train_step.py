@@ -5,6 +5,7 @@ Tolerances (fp32): parameters after an update 1e-5 absolute; losses and gradient
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -75,14 +76,30 @@ def test_full_remat_accumulates_into_the_accumulator_inside_the_backward():
     batch = remat.micro_batches(examples)[0]
 
     def noisy_acc():  # a fresh one per call: the accumulator is donated
-        grads, sums = plain.programs.zero_acc(plain.params)
-        return jax.tree_util.tree_map(lambda g: jax.random.normal(jax.random.key(3), g.shape), grads), sums
+        grads, sums = plain.programs.abstract_acc
+        noise = lambda g: jax.random.normal(jax.random.key(3), g.shape, g.dtype)  # noqa: E731
+        return jax.tree_util.tree_map(noise, grads), jax.tree_util.tree_map(lambda m: jnp.zeros(m.shape, m.dtype), sums)
 
     got = remat.programs.accumulate(remat.params, noisy_acc(), batch)[0]
     want = plain.programs.accumulate(plain.params, noisy_acc(), batch)[0]
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_start_equals_accumulating_into_zeros(remat):
+    """A step's first micro-batch runs `start`, which builds the accumulator from that
+    micro-batch's gradient alone: the numbers `accumulate` gives from a zeroed one."""
+    trainer = Trainer(create_model(CONFIG.replace(remat_policy=remat), seed=1), _train_config(8))
+    batch = trainer.micro_batches(random_examples(32, 96, seed=5))[0]
+    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), trainer.programs.abstract_acc)
+    got = trainer.programs.start(trainer.params, batch)
+    want = trainer.programs.accumulate(trainer.params, zeros, batch)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7, rtol=0)
+    assert max(float(np.abs(np.asarray(a)).max()) for a in jax.tree_util.tree_leaves(got[0])) > 1e-4  # a real gradient
 
 
 def test_offloaded_remat_on_a_mesh_gives_the_no_remat_update(single_device):
@@ -237,10 +254,12 @@ def test_roles_that_differ_only_in_host_settings_share_programs():
         micro_batch_size=4, max_seq_len=48, min_bucket=16, batch_size=8, normalization="sequence",
         reset_optimizer=False, optimizer=OptimizerConfig(learning_rate=1e-3)))
     assert conjecturer.programs is solver.programs
-    solver.step(random_examples(4, 96, seed=3))
-    compiled = solver.programs.accumulate._cache_size()
+    programs = solver.programs
+    solver.step(random_examples(8, 96, seed=3))  # two micro-batches: start, then accumulate
+    compiled = (programs.start._cache_size(), programs.accumulate._cache_size())
+    assert compiled == (1, 1)
     conjecturer.train_epoch(random_examples(8, 96, seed=4), seed=7)  # same 16-token bucket
-    assert solver.programs.accumulate._cache_size() == compiled  # nothing new compiled
+    assert (programs.start._cache_size(), programs.accumulate._cache_size()) == compiled  # nothing new compiled
     other = Trainer(create_model(CONFIG, seed=1), _train_config(4, objective="expert_iteration"))
     assert other.programs is not solver.programs
 

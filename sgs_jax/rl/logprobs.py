@@ -26,10 +26,11 @@ import jax.numpy as jnp
 
 from sgs_jax.parallel.rules import one_cpu_device
 
-# Rows whose softmax `loss_position_logprobs` keeps for the backward run in this many
-# chunks: the granularity at which a row's prompt and padding are skipped (a quarter of
-# the row kept the products wide enough on the CPU benchmark, docs/training_benchmark.md).
-KEPT_CHUNKS_PER_ROW = 4
+# Positions per row of a chunk when `loss_position_logprobs` keeps the softmax: the
+# granularity at which a row's prompt and padding are skipped. On the CPU benchmark 64
+# beat a quarter of the row by 0.9% at 256 tokens and tied it at 1,024, where 16 chunks
+# of 64 cost no more than 4 of 256 (docs/training_benchmark.md).
+KEPT_CHUNK = 64
 
 
 def token_logprobs(
@@ -97,6 +98,7 @@ def loss_position_logprobs(
     targets: jax.Array,
     loss_mask: jax.Array,
     chunk_size: int = 1024,
+    kept_chunk: int = KEPT_CHUNK,
 ) -> jax.Array:
     """log softmax(hidden @ head)[..., target] as [B, T] float32 where `loss_mask` is set,
     0 elsewhere, with the LM head run only on chunks that hold a loss position.
@@ -107,14 +109,14 @@ def loss_position_logprobs(
     Each row's loss positions are moved to its front (a counting permutation along T),
     then chunks of positions of every row go through the head, as many as the row with the
     most loss positions fills. Rows up to chunk_size positions keep their softmax for the
-    backward ([B, T, V] fp32, as autodiff of the whole row would) and run in
-    KEPT_CHUNKS_PER_ROW chunks; longer rows run in chunks of chunk_size and the backward
+    backward ([B, T, V] fp32, as autodiff of the whole row would) and run in chunks of
+    kept_chunk positions; longer rows run in chunks of chunk_size and the backward
     recomputes each chunk's logits. Differentiable in hidden and head (a custom VJP: the
     number of chunks run depends on the mask). For one device: see the module docstring.
     """
     t = hidden.shape[1]
     keep = t <= chunk_size
-    chunk = -(-t // KEPT_CHUNKS_PER_ROW) if keep else max(1, chunk_size)
+    chunk = max(1, min(kept_chunk, t) if keep else chunk_size)
     return _loss_position_logprobs(hidden, head, targets.astype(jnp.int32), loss_mask.astype(bool), chunk, keep)
 
 

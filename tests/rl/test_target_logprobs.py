@@ -63,17 +63,19 @@ def _whole(hidden, head, targets, mask):
     return jnp.where(mask, jnp.take_along_axis(logp, targets[..., None], -1)[..., 0], 0.0)
 
 
-# chunk_size >= 37 keeps the softmax (rows in 4 chunks of 10); smaller ones recompute it.
+# chunk_size >= 37 keeps the softmax (rows in chunks of 10 here, of 37 with the default
+# kept chunk); smaller ones recompute it.
 @pytest.mark.parametrize("chunk", [1, 4, 8, 36, 37, 1024])
-def test_loss_positions_values_and_gradients(chunk):
+@pytest.mark.parametrize("kept_chunk", [10, 64])
+def test_loss_positions_values_and_gradients(chunk, kept_chunk):
     hidden, head, targets, mask = _masked_case()
     w = jnp.asarray(np.random.default_rng(1).normal(size=mask.shape), jnp.float32)
-    got = jax.jit(loss_position_logprobs, static_argnums=4)(hidden, head, targets, jnp.asarray(mask), chunk)
+    got = jax.jit(loss_position_logprobs, static_argnums=(4, 5))(hidden, head, targets, jnp.asarray(mask), chunk, kept_chunk)
     np.testing.assert_allclose(np.asarray(got), np.asarray(_whole(hidden, head, targets, mask)), atol=1e-6, rtol=0)
     assert not np.asarray(got)[~mask].any()  # exactly 0 off the loss positions
 
     loss = lambda fn: lambda h, k: jnp.sum(w * fn(h, k))  # noqa: E731
-    ours = jax.jit(jax.grad(loss(lambda h, k: loss_position_logprobs(h, k, targets, jnp.asarray(mask), chunk)), (0, 1)))(hidden, head)
+    ours = jax.jit(jax.grad(loss(lambda h, k: loss_position_logprobs(h, k, targets, jnp.asarray(mask), chunk, kept_chunk)), (0, 1)))(hidden, head)
     want = jax.grad(loss(lambda h, k: _whole(h, k, targets, mask)), (0, 1))(hidden, head)
     for a, b in zip(ours, want):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=0)
@@ -90,7 +92,7 @@ def test_chunks_past_every_rows_loss_positions_are_never_read():
     hidden = jnp.where(jnp.asarray(unread)[..., None], jnp.nan, hidden)
 
     def loss(h, k):
-        return jnp.sum(loss_position_logprobs(h, k, targets, jnp.asarray(mask), 1024))
+        return jnp.sum(loss_position_logprobs(h, k, targets, jnp.asarray(mask), 1024, kept_chunk=10))
 
     value, (dh, dk) = jax.value_and_grad(loss, (0, 1))(hidden, head)
     assert np.isfinite(float(value)) and np.isfinite(np.asarray(dk)).all()

@@ -46,7 +46,8 @@ def token_logprobs(
     (see `Llama.hidden_states`, as for `segment_ids`: packed rows, and `layer_grad_acc`:
     the Trainer's in-place gradient accumulation). chunk_size: see the module docstring.
     loss_mask: [B, T] bool, the positions a loss reads; the others then hold 0 and, on one
-    CPU device, cost no LM-head FLOPs (`loss_position_logprobs`).
+    CPU device, cost LM-head FLOPs only in chunks shared with loss positions
+    (`loss_position_logprobs`).
     """
     hidden = model.hidden_states(
         input_ids, attention_mask, right_padded=right_padded, segment_ids=segment_ids, layer_grad_acc=layer_grad_acc

@@ -89,8 +89,8 @@ class TrainConfig:
     min_bucket: shortest length bucket.
     logits_chunk: most positions per row whose fp32 logits exist at once; rows up to
     this long keep their softmax for the backward, longer ones recompute it chunk by
-    chunk. Either way the LM head runs only on chunks holding completion tokens
-    (`rl.logprobs.target_logprobs`).
+    chunk. On one CPU device the LM head runs only on chunks holding completion tokens
+    (`rl.logprobs.loss_position_logprobs`).
     reset_optimizer: `train_epoch` starts from a fresh Adam state (method.md §4 step 9).
 
     normalization, batch_size, max_seq_len, min_bucket, reset_optimizer and pack_length

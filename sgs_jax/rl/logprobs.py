@@ -74,7 +74,7 @@ def chunked_target_logprobs(
     chunk = max(1, min(chunk_size, t))
     num_chunks = -(-t // chunk)
     if num_chunks == 1:  # short sequences: no loop, no remat
-        return _picked_minus_logsumexp(logits_fn, hidden, targets)
+        return _target_logprobs(logits_fn, hidden, targets)
     pad = num_chunks * chunk - t
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
@@ -82,12 +82,12 @@ def chunked_target_logprobs(
     h_chunks = hidden.reshape(b, num_chunks, chunk, e).swapaxes(0, 1)
     t_chunks = targets.reshape(b, num_chunks, chunk).swapaxes(0, 1)
 
-    one_chunk = jax.checkpoint(lambda args: _picked_minus_logsumexp(logits_fn, *args))
+    one_chunk = jax.checkpoint(lambda args: _target_logprobs(logits_fn, *args))
     logprobs = jax.lax.map(one_chunk, (h_chunks, t_chunks))  # [num_chunks, B, C]
     return logprobs.swapaxes(0, 1).reshape(b, num_chunks * chunk)[:, :t]
 
 
-def _picked_minus_logsumexp(logits_fn, hidden, targets):
+def _target_logprobs(logits_fn, hidden, targets):
     logits = logits_fn(hidden).astype(jnp.float32)
     picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return picked - jax.nn.logsumexp(logits, axis=-1)
